@@ -1,0 +1,28 @@
+#pragma once
+// A read-only memory-mapped file. Model files are mapped, never copied whole into memory.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace spin {
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws spin::Error with the path and reason
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace spin

@@ -1,0 +1,11 @@
+#pragma once
+// Each `spin` subcommand lives in its own file and registers itself on the root app.
+#include <CLI/CLI.hpp>
+
+namespace spin::cli {
+
+void add_generate_command(CLI::App& app);  // cli/generate.cpp
+void add_tokenize_command(CLI::App& app);  // cli/tokenize.cpp
+void add_inspect_command(CLI::App& app);   // cli/inspect.cpp
+
+}  // namespace spin::cli

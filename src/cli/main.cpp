@@ -1,0 +1,31 @@
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"spin: long-context LLM serving with dynamic sparse attention over a two-tier KV cache"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "spin 0.1.0");
+  spin::cli::add_generate_command(app);
+  spin::cli::add_tokenize_command(app);
+  spin::cli::add_inspect_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const spin::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,44 @@
+#pragma once
+// Entry point that turns `--model` / `--load-format` into weights and a tokenizer.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/config.h"
+#include "model/tokenizer.h"
+#include "model/weights.h"
+
+namespace spin {
+
+class GgufFile;
+
+struct LoadOptions {
+  std::string model;                 // .gguf file, HF directory, config.json, or preset name
+  std::string load_format = "auto";  // auto | gguf | safetensors | dummy
+  uint64_t seed = 0;                 // dummy weights
+};
+
+struct LoadedModel {
+  std::string name;
+  ModelWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;  // null for dummy weights without tokenizer files
+};
+
+LoadedModel load_model(const LoadOptions& options);
+
+// GGUF (model/gguf_model.cpp)
+ModelConfig config_from_gguf(const GgufFile& gguf);
+ModelWeights load_gguf_weights(const GgufFile& gguf);
+
+// HF directories (model/hf_model.cpp): config.json + model.safetensors or sharded with
+// model.safetensors.index.json.
+ModelConfig config_from_hf_file(const std::string& config_json_path);
+ModelWeights load_hf_weights(const std::string& dir);
+
+// Dummy weights (model/dummy_model.cpp): named presets (llama-3.1-8b, qwen3-8b, qwen3-14b,
+// qwen3-32b, llama-3.1-70b, tiny-llama, tiny-qwen3) and random weights for a config.
+bool is_preset_name(const std::string& name);
+ModelConfig preset_config(const std::string& name);
+ModelWeights make_dummy_weights(const ModelConfig& config, uint64_t seed);
+
+}  // namespace spin
