@@ -1,6 +1,5 @@
 #include "model/gguf.h"
 
-#include <algorithm>
 #include <cstring>
 #include <set>
 
@@ -421,20 +420,7 @@ const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& info) const {
 
 std::vector<float> GgufFile::dequantize(const GgufTensorInfo& info) const {
   std::vector<float> out(static_cast<size_t>(info.n_elements));
-  // Chunks of whole blocks, large enough to amortise the thread hand-off.
-  const uint64_t block = ggml_block_elements(info.type);
-  const uint64_t block_bytes = ggml_block_bytes(info.type);
-  const uint64_t blocks_per_chunk = std::max<uint64_t>(1, (uint64_t{1} << 16) / block);
-  const uint64_t n_blocks = info.n_elements / block;
-  const int64_t n_chunks = static_cast<int64_t>((n_blocks + blocks_per_chunk - 1) / blocks_per_chunk);
-  const uint8_t* src = tensor_data(info);
-#pragma omp parallel for schedule(static) if (n_chunks > 1)
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const uint64_t first = static_cast<uint64_t>(c) * blocks_per_chunk;
-    const uint64_t count = std::min(blocks_per_chunk, n_blocks - first);
-    dequantize_row(info.type, src + first * block_bytes, out.data() + first * block,
-                   count * block);
-  }
+  dequantize_row(info.type, tensor_data(info), out.data(), info.n_elements);
   return out;
 }
 

@@ -210,7 +210,13 @@ ModelWeights load_gguf_weights(const GgufFile& gguf) {
     matrix(b + "ffn_down.weight", l.w_down, hidden, ffn);
   }
 
-  for (const TensorLoad& load : loads) *load.dst = gguf.dequantize(*load.info);
+  // One parallel region over whole tensors: enough work per task, a single fork/join.
+  const auto n_loads = static_cast<int64_t>(loads.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n_loads; ++i) {
+    const TensorLoad& load = loads[static_cast<size_t>(i)];
+    *load.dst = gguf.dequantize(*load.info);
+  }
   w.validate_shapes();
   return w;
 }
