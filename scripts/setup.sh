@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(cmake ninja-build g++ clang libclang-rt-dev pkg-config
-      libopenblas-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+      libopenblas-openmp-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
       libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${debs[@]}"; do

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/npy.h"
 #include "model/gguf.h"
 #include "model/loader.h"
 
@@ -74,41 +75,10 @@ std::string type_label(const GgufValue& v) {
   return fmt::format("array[{}]", a.empty() ? "" : type_label(a.front()));
 }
 
-// numpy's .npy v1.0: magic, version, little-endian header length, a Python dict literal padded
-// with spaces to a 64-byte boundary and ended by '\n', then the raw little-endian float32 data.
-void write_npy(const std::string& path, const std::vector<uint64_t>& numpy_shape,
-               const std::vector<float>& values) {
-  std::string shape = "(";
-  for (size_t i = 0; i < numpy_shape.size(); ++i) {
-    shape += fmt::format("{}", numpy_shape[i]);
-    if (numpy_shape.size() == 1 || i + 1 < numpy_shape.size()) shape += ",";
-    if (i + 1 < numpy_shape.size()) shape += " ";
-  }
-  shape += ")";
-  std::string header =
-      fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': {}, }}", shape);
-  const size_t preamble = 10;  // magic (6) + version (2) + header length (2)
-  const size_t total = (preamble + header.size() + 1 + 63) / 64 * 64;
-  header.append(total - preamble - header.size() - 1, ' ');
-  header += '\n';
-
-  std::ofstream out(path, std::ios::binary);
-  if (!out) fail("cannot create '{}'", path);
-  const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
-  out.write(magic, 8);
-  const uint16_t len = static_cast<uint16_t>(header.size());
-  const char len_bytes[2] = {static_cast<char>(len & 0xff), static_cast<char>(len >> 8)};
-  out.write(len_bytes, 2);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(values.data()),
-            static_cast<std::streamsize>(values.size() * sizeof(float)));
-  if (!out.flush()) fail("cannot write '{}'", path);
-}
-
 void export_tensor(const GgufFile& gguf, const GgufTensorInfo& info, const std::string& path) {
   const std::vector<float> values = gguf.dequantize(info);
   // ggml lists dims fastest-first; numpy lists them slowest-first.
-  write_npy(path, std::vector<uint64_t>(info.dims.rbegin(), info.dims.rend()), values);
+  write_npy(path, values, std::vector<int64_t>(info.dims.rbegin(), info.dims.rend()));
 }
 
 void print_summary(const GgufFile& gguf) {

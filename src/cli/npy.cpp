@@ -10,9 +10,10 @@
 namespace spin::cli {
 
 void write_npy(const std::string& path, std::span<const float> data, const std::vector<int64_t>& shape) {
+  // A Python tuple literal: "(3,)" for one dimension, "(3, 4)" for two.
   std::string dims;
-  for (int64_t d : shape) dims += std::to_string(d) + ", ";
-  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
   // Magic (6) + version (2) + header length (2) + header, padded with spaces to a multiple of 64.
   const size_t total = 10 + header.size() + 1;
