@@ -182,16 +182,19 @@ TEST(Safetensors, ReadsFromDiskWithUnalignedDataAndPaddedHeader) {
 }
 
 TEST(Safetensors, EmptyTensorsAndEmptyHeader) {
-  const SafetensorsFile file = parse(make_safetensors(
-      {{"empty", "F32", {0, 4}, ""}, {"scalar", "F32", {}, f32_bytes({3.5f})}}));
+  // from_memory keeps pointing into its buffer, so the bytes must outlive the file object.
+  const std::string bytes =
+      make_safetensors({{"empty", "F32", {0, 4}, ""}, {"scalar", "F32", {}, f32_bytes({3.5f})}});
+  const SafetensorsFile file = parse(bytes);
   EXPECT_TRUE(file.read_f32("empty").data.empty());
   EXPECT_EQ(file.read_f32("scalar").data, std::vector<float>{3.5f});
   EXPECT_TRUE(parse(raw_file("{}", "")).tensors().empty());
 }
 
 TEST(Safetensors, OtherDtypesParseButDoNotConvert) {
-  const SafetensorsFile file = parse(make_safetensors({{"ids", "I64", {2}, std::string(16, '\1')},
-                                                       {"mask", "BOOL", {3}, std::string("\1\0\1", 3)}}));
+  const std::string bytes = make_safetensors({{"ids", "I64", {2}, std::string(16, '\1')},
+                                              {"mask", "BOOL", {3}, std::string("\1\0\1", 3)}});
+  const SafetensorsFile file = parse(bytes);
   ASSERT_NE(file.find("ids"), nullptr);
   expect_error([&] { file.read_f32("ids"); }, {"I64", "ids"});
   expect_error([&] { file.read_f32("mask"); }, {"BOOL"});

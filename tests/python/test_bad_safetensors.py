@@ -41,7 +41,8 @@ pytestmark = pytest.mark.skipif(
 def scratch(tmp_path):
     base = os.environ.get("SPIN_TEST_TMP")
     if not base:
-        return tmp_path
+        yield tmp_path
+        return
     path = Path(base) / f"bad_safetensors_{uuid.uuid4().hex}"
     path.mkdir(parents=True)
     yield path
