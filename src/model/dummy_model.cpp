@@ -2,6 +2,7 @@
 // engine run and be benchmarked at real model sizes without the weight files.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -64,7 +65,9 @@ class ConfigFields {
     SPIN_CHECK(value.is_number(), "config '{}': field '{}' must be a number, got {}", path_, key,
                value.dump());
     const double v = value.get<double>();
-    SPIN_CHECK(std::isfinite(v), "config '{}': field '{}' is not finite", path_, key);
+    // Every number read lands in a float or an int field.
+    SPIN_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(),
+               "config '{}': field '{}' is out of range: {}", path_, key, value.dump());
     return v;
   }
 
@@ -180,6 +183,11 @@ void parse_rope(const ConfigFields& fields, ModelConfig& config) {
     const Json* v = fields.find(*scaling, key);
     return v ? fields.number(*v, key) : fallback;
   };
+  auto position = [&](double v, const char* key) {
+    SPIN_CHECK(v >= 1.0 && v <= std::numeric_limits<int32_t>::max() && v == std::floor(v),
+               "config '{}': {} must be a positive integer, got {}", path, key, v);
+    return static_cast<int>(v);
+  };
   RopeConfig& rope = config.rope;
   if (type == "default") {
     rope.scaling = RopeScaling::None;
@@ -191,8 +199,8 @@ void parse_rope(const ConfigFields& fields, ModelConfig& config) {
     rope.factor = static_cast<float>(required("factor"));
     rope.low_freq_factor = static_cast<float>(required("low_freq_factor"));
     rope.high_freq_factor = static_cast<float>(required("high_freq_factor"));
-    rope.original_max_position =
-        static_cast<int>(required("original_max_position_embeddings"));
+    rope.original_max_position = position(required("original_max_position_embeddings"),
+                                          "original_max_position_embeddings");
     SPIN_CHECK(rope.low_freq_factor > 0.0f && rope.high_freq_factor > rope.low_freq_factor,
                "config '{}': llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor "
                "(got {} and {})",
@@ -200,8 +208,10 @@ void parse_rope(const ConfigFields& fields, ModelConfig& config) {
   } else if (type == "yarn") {
     rope.scaling = RopeScaling::Yarn;
     rope.factor = static_cast<float>(required("factor"));
-    rope.original_max_position = static_cast<int>(optional(
-        "original_max_position_embeddings", static_cast<double>(config.max_position)));
+    rope.original_max_position =
+        position(optional("original_max_position_embeddings",
+                          static_cast<double>(config.max_position)),
+                 "original_max_position_embeddings");
     rope.yarn_beta_fast = static_cast<float>(optional("beta_fast", 32.0));
     rope.yarn_beta_slow = static_cast<float>(optional("beta_slow", 1.0));
     // HF's attention_factor replaces the default mscale; RopeConfig keeps a multiplier on it.
@@ -213,11 +223,6 @@ void parse_rope(const ConfigFields& fields, ModelConfig& config) {
   } else {
     fail("config '{}': unsupported rope_scaling type '{}' (supported: linear, llama3, yarn)", path,
          type);
-  }
-  if (rope.scaling == RopeScaling::Llama3 || rope.scaling == RopeScaling::Yarn) {
-    SPIN_CHECK(rope.original_max_position > 0,
-               "config '{}': original_max_position_embeddings must be positive, got {}", path,
-               rope.original_max_position);
   }
 }
 
@@ -401,6 +406,9 @@ ModelConfig config_from_hf_file(const std::string& config_json_path) {
     c.head_dim = c.hidden_size / c.n_heads;
   }
   c.max_position = fields.optional_int("max_position_embeddings", arch.default_max_position);
+  SPIN_CHECK(c.max_position > 0 && c.max_position <= std::numeric_limits<int32_t>::max(),
+             "config '{}': max_position_embeddings must be in [1, 2^31), got {}",
+             config_json_path, c.max_position);
   c.rms_eps = static_cast<float>(fields.optional_number("rms_norm_eps", 1e-6));
   c.tie_embeddings = fields.optional_bool("tie_word_embeddings", false);
   c.bos_token_id = parse_token_id(fields, "bos_token_id");

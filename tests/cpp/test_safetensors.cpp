@@ -473,6 +473,17 @@ TEST(HfConfig, BadRopeScaling) {
   expect_config_error(j, {"no rope_type"});
   j["rope_scaling"] = "linear";
   expect_config_error(j, {"rope_scaling"});
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 1e300}};
+  expect_config_error(j, {"factor", "out of range"});
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 1e30}};
+  expect_config_error(j, {"original_max_position_embeddings"});
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0},
+                       {"original_max_position_embeddings", -5}};
+  expect_config_error(j, {"original_max_position_embeddings", "positive integer"});
 }
 
 TEST(HfConfig, BadFields) {
@@ -498,6 +509,12 @@ TEST(HfConfig, BadFields) {
   j = llama_config();
   j["vocab_size"] = 18446744073709551615ull;
   expect_config_error(j, {"vocab_size"});
+  j = llama_config();
+  j["max_position_embeddings"] = -1;
+  expect_config_error(j, {"max_position_embeddings"});
+  j = llama_config();
+  j["rms_norm_eps"] = -1e-6;
+  expect_config_error(j, {"rms_norm_eps"});
   j = llama_config();
   j["tie_word_embeddings"] = 1;
   expect_config_error(j, {"tie_word_embeddings"});
