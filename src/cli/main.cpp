@@ -1,3 +1,4 @@
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  // stdout carries generated text and tool output; logs go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("spin"));
   CLI::App app{"spin: long-context LLM serving with dynamic sparse attention over a two-tier KV cache"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "spin 0.1.0");

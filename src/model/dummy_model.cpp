@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/memory.h"
 #include "model/loader.h"
 
 namespace spin {
@@ -103,22 +104,6 @@ ModelConfig tiny(bool is_qwen3) {
 
 constexpr const char* kPresetNames[] = {"llama-3.1-8b", "llama-3.1-70b", "qwen3-8b", "qwen3-14b",
                                         "qwen3-32b",    "tiny-llama",    "tiny-qwen3"};
-
-// Bytes of physical memory this process may use: the machine's RAM, or a smaller cgroup limit.
-uint64_t usable_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  uint64_t bytes = (pages > 0 && page_size > 0)
-                       ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
-                       : std::numeric_limits<uint64_t>::max();
-  for (const char* limit_file :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(limit_file);
-    uint64_t limit = 0;
-    if (in >> limit && limit > 0) bytes = std::min(bytes, limit);
-  }
-  return bytes;
-}
 
 uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);

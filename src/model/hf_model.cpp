@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/memory.h"
 #include "base/mapped_file.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
@@ -242,22 +243,6 @@ int32_t parse_token_id(const ConfigFields& fields, const char* key) {
   SPIN_CHECK(value >= 0 && value <= std::numeric_limits<int32_t>::max(),
              "config '{}': {} {} is out of range", fields.path(), key, value);
   return static_cast<int32_t>(value);
-}
-
-// Bytes of physical memory this process may use: the machine's RAM, or a smaller cgroup limit.
-uint64_t usable_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  uint64_t bytes = (pages > 0 && page_size > 0)
-                       ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
-                       : std::numeric_limits<uint64_t>::max();
-  for (const char* limit_file :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(limit_file);
-    uint64_t limit = 0;
-    if (in >> limit && limit > 0) bytes = std::min(bytes, limit);
-  }
-  return bytes;
 }
 
 // Shards of one checkpoint: every tensor name mapped to the file that holds it.

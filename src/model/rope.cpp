@@ -59,10 +59,8 @@ RopeTable make_rope_table(const RopeConfig& rope, int64_t head_dim) {
         const double extrapolation_weight = 1.0 - ramp;
         inv[i] = inv[i] / rope.factor * (1.0 - extrapolation_weight) + inv[i] * extrapolation_weight;
       }
-      table.mscale = rope.yarn_attn_factor > 0.0f
-                         ? rope.yarn_attn_factor
-                         : (rope.factor <= 1.0f ? 1.0f
-                                                : static_cast<float>(0.1 * std::log(rope.factor) + 1.0));
+      const double default_mscale = rope.factor <= 1.0f ? 1.0 : 0.1 * std::log(rope.factor) + 1.0;
+      table.mscale = static_cast<float>(rope.yarn_attn_factor * default_mscale);
       break;
     }
   }
