@@ -270,10 +270,11 @@ def _gguf_scalar(reader, key: str, default=None):
     return f.contents()
 
 
-def load_gguf(path) -> Model:
+def load_gguf(path, reader=None) -> Model:
+    """reader: an already open gguf.GGUFReader of path, to save parsing the file twice."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = reader or gguf.GGUFReader(str(path))
     arch = _gguf_scalar(reader, "general.architecture")
     if arch not in {"llama", "qwen2", "qwen3"}:
         raise ValueError(f"reference: unsupported GGUF architecture {arch}")
