@@ -19,7 +19,7 @@ struct RopeConfig {
   int original_max_position = 8192;    // llama3 / yarn
   float yarn_beta_fast = 32.0f;        // yarn
   float yarn_beta_slow = 1.0f;         // yarn
-  float yarn_attn_factor = 1.0f;       // yarn: extra multiplier on the mscale (HF "attention_factor")
+  float yarn_attn_factor = 0.0f;       // yarn: HF "attention_factor"; 0 = 0.1 * ln(factor) + 1
 };
 
 struct ModelConfig {

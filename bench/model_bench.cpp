@@ -1,0 +1,128 @@
+// CPU forward-pass benchmark: prefill tok/s at 512 and 4096 prompt tokens and decode tok/s,
+// next to the decode bound set by memory bandwidth measured in the same run
+// (fp32 weight bytes read per token ÷ memcpy bandwidth). Prints a markdown table.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/cpu/ops.h"
+#include "model/contiguous_attention.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t) {
+  return std::chrono::duration<double>(clock_type::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Bytes copied per second (each byte read once and written once) over a buffer far larger
+// than the caches.
+double memcpy_bandwidth(size_t bytes, int repeats) {
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto t = clock_type::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    const double s = seconds_since(t);
+    if (r > 0) rates.push_back(bytes / s);  // first pass faults the pages in
+  }
+  return median(rates);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spin CPU model benchmark"};
+  std::string model_path;
+  std::vector<int64_t> prefill_lengths{512, 4096};
+  int64_t decode_tokens = 64;
+  int repeats = 3;
+  int threads = 0;
+  app.add_option("--model", model_path, ".gguf file or HF directory")->required();
+  app.add_option("--prefill", prefill_lengths, "prompt lengths to time")->capture_default_str();
+  app.add_option("--decode-tokens", decode_tokens, "decode steps to time")->capture_default_str();
+  app.add_option("--repeats", repeats, "repeats (median reported)")->capture_default_str();
+  app.add_option("--threads", threads, "threads (default: all cores)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    spin::cpu::set_num_threads(threads);
+    spin::LoadedModel model = spin::load_model({model_path, "auto", 0});
+    const spin::ModelConfig& c = model.weights.config;
+    spin::Transformer transformer(model.weights);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+    std::vector<float> logits;
+
+    std::printf("| measurement | value |\n|---|---|\n");
+    std::printf("| threads | %d |\n", spin::cpu::num_threads());
+    for (int64_t n : prefill_lengths) {
+      std::vector<int32_t> prompt(n);
+      for (int32_t& t : prompt) t = token(rng);
+      std::vector<double> rates;
+      for (int r = 0; r < repeats; ++r) {
+        spin::ContiguousAttention kv(transformer.attention_shape(), n);
+        const auto t = clock_type::now();
+        for (int64_t pos = 0; pos < n; pos += 512) {
+          const int64_t len = std::min<int64_t>(512, n - pos);
+          spin::SequenceChunk chunk{std::span<const int32_t>(prompt).subspan(pos, len), pos, &kv};
+          transformer.forward(std::span(&chunk, 1), false, logits);
+        }
+        rates.push_back(n / seconds_since(t));
+      }
+      std::printf("| prefill %lld tokens (tok/s, chunks of 512) | %.1f |\n",
+                  static_cast<long long>(n), median(rates));
+    }
+
+    // Decode after a short prompt so attention is a small part of the step.
+    const int64_t context = 128;
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) {
+      spin::ContiguousAttention kv(transformer.attention_shape(), context + decode_tokens + 1);
+      std::vector<int32_t> prompt(context);
+      for (int32_t& t : prompt) t = token(rng);
+      spin::SequenceChunk chunk{prompt, 0, &kv};
+      transformer.forward(std::span(&chunk, 1), false, logits);
+      const auto t = clock_type::now();
+      for (int64_t i = 0; i < decode_tokens; ++i) {
+        const int32_t id = token(rng);
+        spin::SequenceChunk step{std::span(&id, 1), context + i, &kv};
+        transformer.forward(std::span(&step, 1), false, logits);
+      }
+      rates.push_back(decode_tokens / seconds_since(t));
+    }
+    const double decode = median(rates);
+
+    // Weight bytes one decode step reads: every matrix once (fp32), plus norms; the embedding
+    // table contributes one row unless it doubles as the LM head.
+    const int64_t params = c.parameter_count();
+    const int64_t embedding_not_read = c.tie_embeddings ? 0 : (c.vocab_size - 1) * c.hidden_size;
+    const double weight_bytes = 4.0 * static_cast<double>(params - embedding_not_read);
+    const double bandwidth = memcpy_bandwidth(size_t{1} << 30, 5);
+    const double bound = bandwidth / weight_bytes;
+    std::printf("| decode after %lld tokens (tok/s) | %.1f |\n", static_cast<long long>(context), decode);
+    std::printf("| fp32 weight bytes read per token | %.1f MB |\n", weight_bytes / 1e6);
+    std::printf("| memcpy bandwidth (bytes copied/s, 1 GiB) | %.2f GB/s |\n", bandwidth / 1e9);
+    std::printf("| decode bound = bandwidth / weight bytes (tok/s) | %.1f |\n", bound);
+    std::printf("| decode / bound | %.0f%% |\n", 100.0 * decode / bound);
+  } catch (const spin::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

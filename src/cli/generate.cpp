@@ -1,0 +1,153 @@
+// `spin generate`: one prompt in, streamed text out, then a one-line speed summary.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "cli/npy.h"
+#include "engine/generator.h"
+#include "kernels/cpu/ops.h"
+#include "model/loader.h"
+
+namespace spin::cli {
+
+namespace {
+
+struct GenerateArgs {
+  LoadOptions load;
+  std::string prompt;
+  std::string prompt_ids;
+  bool chat = false;
+  std::string system;
+  GenerationParams gen;
+  float temperature = 0.8f;
+  int top_k = 40;
+  float top_p = 0.95f;
+  float min_p = 0.05f;
+  std::optional<uint64_t> seed;
+  int threads = 0;
+  std::string logits_out;
+  std::string ids_out;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    SPIN_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
+               "--prompt-ids: '{}' is not a token id (expected comma-separated integers)", item);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  SPIN_CHECK(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokenizer) {
+  if (!a.prompt_ids.empty()) return parse_ids(a.prompt_ids);
+  SPIN_CHECK(tokenizer != nullptr,
+             "this model has no tokenizer (dummy weights): pass --prompt-ids instead of --prompt");
+  std::string text = a.prompt;
+  if (a.chat) {
+    std::vector<ChatMessage> messages;
+    if (!a.system.empty()) messages.push_back({"system", a.system});
+    messages.push_back({"user", a.prompt});
+    text = ChatTemplate::detect(tokenizer->chat_template(), *tokenizer).apply(messages, true);
+  }
+  std::vector<int32_t> ids = tokenizer->encode(text, true);
+  if (tokenizer->add_bos() && tokenizer->bos_id() >= 0 &&
+      (ids.empty() || ids.front() != tokenizer->bos_id())) {
+    ids.insert(ids.begin(), tokenizer->bos_id());
+  }
+  return ids;
+}
+
+void run_generate(const GenerateArgs& a) {
+  SPIN_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
+  SPIN_CHECK(!(a.chat && !a.prompt_ids.empty()), "--chat needs --prompt (text), not --prompt-ids");
+  cpu::set_num_threads(a.threads);
+  LoadedModel model = load_model(a.load);
+  const Tokenizer* tokenizer = model.tokenizer.get();
+  const std::vector<int32_t> prompt = build_prompt(a, tokenizer);
+
+  GenerationParams params = a.gen;
+  params.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
+  SPIN_CHECK(a.gen.stop.empty() || tokenizer, "--stop needs a model with a tokenizer");
+
+  Transformer transformer(model.weights);
+  std::vector<float> prompt_logits;
+  GenerationResult r = generate(
+      transformer, tokenizer, prompt, params,
+      [](std::string_view text) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      },
+      a.logits_out.empty() ? nullptr : &prompt_logits);
+  if (!r.text.empty()) std::fputc('\n', stdout);
+
+  if (!a.logits_out.empty()) {
+    write_npy(a.logits_out, prompt_logits,
+              {static_cast<int64_t>(prompt.size()), model.weights.config.vocab_size});
+  }
+  if (!a.ids_out.empty()) {
+    std::ofstream out(a.ids_out);
+    SPIN_CHECK(out.good(), "cannot write '{}'", a.ids_out);
+    out << nlohmann::json{{"prompt_ids", prompt}, {"output_ids", r.output_ids},
+                          {"finish_reason", r.finish_reason}}.dump()
+        << "\n";
+  }
+  const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
+  const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
+  std::fprintf(stderr,
+               "[spin] prompt %lld tokens | prefill %.1f tok/s | decode %.1f tok/s | %zu tokens "
+               "generated (%s)\n",
+               static_cast<long long>(r.prompt_tokens), prefill_tps, decode_tps,
+               r.output_ids.size(), r.finish_reason.c_str());
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from one prompt, streaming it");
+  cmd->add_option("-m,--model", args->load.model, ".gguf file, HF directory, or preset name")
+      ->required();
+  cmd->add_option("--load-format", args->load.load_format, "auto | gguf | safetensors | dummy")
+      ->check(CLI::IsMember({"auto", "gguf", "safetensors", "dummy"}));
+  cmd->add_option("-p,--prompt", args->prompt, "prompt text");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids");
+  cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat template");
+  cmd->add_option("--system", args->system, "system message (with --chat)");
+  cmd->add_option("-n,--max-tokens", args->gen.max_tokens, "tokens to generate")
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "0 = off")->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "1 = off")->capture_default_str();
+  cmd->add_option("--min-p", args->min_p, "0 = off")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "sampling seed (default: random)");
+  cmd->add_option("--stop", args->gen.stop, "stop string (repeatable)");
+  cmd->add_flag("--ignore-eos", args->gen.ignore_eos, "keep generating past end-of-sequence tokens");
+  cmd->add_option("--prefill-chunk", args->gen.prefill_chunk, "prompt tokens per prefill step")
+      ->capture_default_str();
+  cmd->add_option("--max-context", args->gen.max_context, "context length (default: the model's)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--logits-out", args->logits_out, "write the logits of every prompt position (.npy)");
+  cmd->add_option("--ids-out", args->ids_out, "write prompt and output token ids (JSON)");
+  cmd->callback([args] { run_generate(*args); });
+}
+
+}  // namespace spin::cli

@@ -1,0 +1,59 @@
+#pragma once
+// Single-sequence generation: chunked prefill, then decode with sampling, stop tokens and stop
+// strings, streaming text through a callback. The serving scheduler batches many of these.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace spin {
+
+struct GenerationParams {
+  int64_t max_tokens = 128;
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;
+  int64_t prefill_chunk = 512;    // tokens per prefill step
+  int64_t max_context = 0;        // 0 = the model's trained context length
+};
+
+struct GenerationResult {
+  std::vector<int32_t> output_ids;
+  std::string text;
+  std::string finish_reason;  // "stop" (eos or stop string) or "length"
+  int64_t prompt_tokens = 0;
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;  // from the first sampled token to the last
+  int64_t decode_steps = 0;     // forward passes during decode
+};
+
+// Finds stop strings in streamed text, holding back any tail that could still become one.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Feeds new text; returns what can be released now. Sets stopped() when a stop string appears
+  // (the text before it is released, the stop string and anything after are dropped).
+  std::string push(std::string_view text);
+  // Releases the held tail at the end of generation (when no stop string completed).
+  std::string flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+// prompt_logits, when given, receives the logits of every prompt position [prompt, vocab].
+GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
+                          std::span<const int32_t> prompt, const GenerationParams& params,
+                          const std::function<void(std::string_view)>& on_text,
+                          std::vector<float>* prompt_logits = nullptr);
+
+}  // namespace spin

@@ -1,0 +1,30 @@
+#pragma once
+// The seam between the forward pass and the KV store: the model hands each layer's new q/k/v of
+// one sequence to a SequenceAttention, which stores k/v wherever it keeps them (a contiguous
+// buffer, per-head pages in two tiers, ...) and returns the attention output. Sparse algorithms
+// plug in behind this interface; the forward pass knows none of them.
+#include <cstdint>
+
+namespace spin {
+
+struct AttentionShape {
+  int64_t n_layers = 0;
+  int64_t n_heads = 0;
+  int64_t n_kv_heads = 0;
+  int64_t head_dim = 0;
+  float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim)
+};
+
+class SequenceAttention {
+ public:
+  virtual ~SequenceAttention() = default;
+  // Stores k/v of the tokens at positions [pos0, pos0 + n) for `layer` and writes, for each of
+  // those tokens, causal attention over positions [0, its own position].
+  // q, out: [n, n_heads * head_dim]; k, v: [n, n_kv_heads * head_dim] (RoPE already applied).
+  virtual void forward(int64_t layer, int64_t pos0, int64_t n, const float* q, const float* k,
+                       const float* v, float* out) = 0;
+  // Tokens stored so far (positions [0, length())).
+  virtual int64_t length() const = 0;
+};
+
+}  // namespace spin

@@ -1,0 +1,111 @@
+#include "model/transformer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "base/error.h"
+#include "kernels/cpu/ops.h"
+
+namespace spin {
+
+Transformer::Transformer(const ModelWeights& weights)
+    : weights_(weights), rope_(make_rope_table(weights.config.rope, weights.config.head_dim)) {}
+
+AttentionShape Transformer::attention_shape() const {
+  const ModelConfig& c = weights_.config;
+  return AttentionShape{c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim,
+                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))};
+}
+
+void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits,
+                          std::vector<float>& logits) {
+  const ModelConfig& c = weights_.config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_width = c.n_heads * c.head_dim;
+  const int64_t kv_width = c.n_kv_heads * c.head_dim;
+  const int64_t ffn = c.intermediate_size;
+
+  int64_t n_tokens = 0;
+  for (const SequenceChunk& chunk : chunks) {
+    SPIN_CHECK(!chunk.tokens.empty() && chunk.attention != nullptr, "forward: empty chunk");
+    n_tokens += static_cast<int64_t>(chunk.tokens.size());
+  }
+  x_.resize(n_tokens * hidden);
+  h_.resize(n_tokens * hidden);
+  q_.resize(n_tokens * q_width);
+  k_.resize(n_tokens * kv_width);
+  v_.resize(n_tokens * kv_width);
+  attn_.resize(n_tokens * q_width);
+  gate_.resize(n_tokens * ffn);
+  up_.resize(n_tokens * ffn);
+
+  // Embeddings; remember each token's position.
+  std::vector<int64_t> positions(n_tokens);
+  {
+    int64_t t = 0;
+    for (const SequenceChunk& chunk : chunks) {
+      for (size_t i = 0; i < chunk.tokens.size(); ++i, ++t) {
+        const int32_t id = chunk.tokens[i];
+        SPIN_CHECK(id >= 0 && id < c.vocab_size, "token id {} outside the vocabulary (0..{})", id,
+                   c.vocab_size - 1);
+        std::memcpy(&x_[t * hidden], &weights_.tok_embd.data[id * hidden], sizeof(float) * hidden);
+        positions[t] = chunk.pos0 + static_cast<int64_t>(i);
+      }
+    }
+  }
+
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    cpu::rmsnorm(x_.data(), L.attn_norm.data(), h_.data(), n_tokens, hidden, c.rms_eps);
+    cpu::matmul_nt(h_.data(), L.wq.data.data(), q_.data(), n_tokens, q_width, hidden);
+    cpu::matmul_nt(h_.data(), L.wk.data.data(), k_.data(), n_tokens, kv_width, hidden);
+    cpu::matmul_nt(h_.data(), L.wv.data.data(), v_.data(), n_tokens, kv_width, hidden);
+    if (c.qk_norm) {
+      cpu::rmsnorm(q_.data(), L.q_norm.data(), q_.data(), n_tokens * c.n_heads, c.head_dim, c.rms_eps);
+      cpu::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), n_tokens * c.n_kv_heads, c.head_dim,
+                   c.rms_eps);
+    }
+#pragma omp parallel for if (n_tokens > 1)
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      cpu::rope(&q_[t * q_width], c.n_heads, c.head_dim, positions[t], rope_.inv_freq.data(),
+                rope_.mscale, rope_.neox);
+      cpu::rope(&k_[t * kv_width], c.n_kv_heads, c.head_dim, positions[t], rope_.inv_freq.data(),
+                rope_.mscale, rope_.neox);
+    }
+    int64_t t0 = 0;
+    for (const SequenceChunk& chunk : chunks) {
+      const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+      chunk.attention->forward(l, chunk.pos0, n, &q_[t0 * q_width], &k_[t0 * kv_width],
+                               &v_[t0 * kv_width], &attn_[t0 * q_width]);
+      t0 += n;
+    }
+    cpu::matmul_nt(attn_.data(), L.wo.data.data(), h_.data(), n_tokens, hidden, q_width);
+    cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
+
+    cpu::rmsnorm(x_.data(), L.ffn_norm.data(), h_.data(), n_tokens, hidden, c.rms_eps);
+    cpu::matmul_nt(h_.data(), L.w_gate.data.data(), gate_.data(), n_tokens, ffn, hidden);
+    cpu::matmul_nt(h_.data(), L.w_up.data.data(), up_.data(), n_tokens, ffn, hidden);
+    cpu::silu_mul(gate_.data(), up_.data(), n_tokens * ffn);
+    cpu::matmul_nt(gate_.data(), L.w_down.data.data(), h_.data(), n_tokens, hidden, ffn);
+    cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
+  }
+
+  // Final norm and logits for the rows asked for.
+  int64_t n_rows = all_logits ? n_tokens : static_cast<int64_t>(chunks.size());
+  rows_.resize(n_rows * hidden);
+  if (all_logits) {
+    cpu::rmsnorm(x_.data(), weights_.out_norm.data(), rows_.data(), n_tokens, hidden, c.rms_eps);
+  } else {
+    int64_t t_end = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      t_end += static_cast<int64_t>(chunks[i].tokens.size());
+      cpu::rmsnorm(&x_[(t_end - 1) * hidden], weights_.out_norm.data(), &rows_[i * hidden], 1,
+                   hidden, c.rms_eps);
+    }
+  }
+  const Matrix& out = weights_.output_matrix();
+  logits.resize(n_rows * c.vocab_size);
+  cpu::matmul_nt(rows_.data(), out.data.data(), logits.data(), n_rows, c.vocab_size, hidden);
+}
+
+}  // namespace spin
