@@ -42,8 +42,8 @@ def smollm_vocab(smollm_reader):
 
 
 @pytest.fixture(scope="module")
-def tiny_paths(tmp_path_factory):
-    return tiny_models.write_all(tmp_path_factory.mktemp("tiny_models"))
+def tiny_paths(test_tmp):
+    return tiny_models.write_all(test_tmp / "forward_tiny_models")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def spin_logits(run_spin, test_tmp):
 
 
 def spin_greedy(run_spin, tmp, model, *prompt_args) -> dict:
-    out = tmp / "ids.json"
+    out = tmp / "forward_ids.json"
     out.unlink(missing_ok=True)
     run_spin("generate", "--model", model, *prompt_args, "-n", GREEDY_TOKENS, "--temperature", "0",
              "--ignore-eos", "--ids-out", out)
