@@ -22,6 +22,7 @@ struct TokenizeArgs {
   std::string decode;
   std::string jsonl_in;
   std::string decode_jsonl;
+  std::string chat_json;
   bool json_output = false;
   bool no_special = false;
 };
@@ -82,12 +83,31 @@ void for_each_json_line(const std::string& path, Fn fn) {
 }
 
 void run(const TokenizeArgs& args) {
-  int sources = !args.text.empty() + !args.file.empty() + !args.decode.empty() +
-                !args.jsonl_in.empty() + !args.decode_jsonl.empty();
-  SPIN_CHECK(sources == 1,
-             "give exactly one of --text, --file, --decode, --jsonl-in, --decode-jsonl");
   Tokenizer tokenizer = Tokenizer::from_model_path(args.model);
   bool parse_special = !args.no_special;
+  if (!args.chat_json.empty()) {
+    json doc;
+    try {
+      doc = json::parse(read_file(args.chat_json));
+    } catch (const json::exception& e) {
+      fail("{}: not JSON: {}", args.chat_json, e.what());
+    }
+    SPIN_CHECK(doc.is_array(), "{}: expected a JSON array of messages", args.chat_json);
+    std::vector<ChatMessage> messages;
+    for (const json& m : doc) {
+      SPIN_CHECK(m.is_object() && m.contains("role") && m.contains("content") &&
+                     m.at("role").is_string() && m.at("content").is_string(),
+                 "{}: each message needs string 'role' and 'content'", args.chat_json);
+      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    }
+    std::string prompt = ChatTemplate::detect(tokenizer.chat_template(), tokenizer).apply(messages, true);
+    if (args.json_output) {
+      std::cout << json(prompt).dump() << "\n";
+    } else {
+      std::cout << prompt;
+    }
+    return;
+  }
   if (!args.decode.empty()) {
     std::cout << tokenizer.decode(parse_id_list(args.decode));
     std::cout.flush();
@@ -112,7 +132,7 @@ void run(const TokenizeArgs& args) {
         ids.push_back(static_cast<int32_t>(v));
       }
       // Bytes that are not UTF-8 come out as U+FFFD so each line stays a valid JSON string.
-      std::cout << json(tokenizer.decode(ids)).dump(-1, ' ', false, json::error_handler_t::replace)
+      std::cout << json(tokenizer.decode(ids)).dump(-1, ' ', true, json::error_handler_t::replace)
                 << "\n";
     });
     return;
@@ -135,10 +155,20 @@ void add_tokenize_command(CLI::App& app) {
                   "File of JSON strings, one a line: prints one JSON array of ids per line");
   cmd->add_option("--decode-jsonl", args->decode_jsonl,
                   "File of JSON id arrays, one a line: prints one JSON string per line");
+  cmd->add_option("--chat-json", args->chat_json,
+                  "File with a JSON array of {role, content}: prints the prompt the model's chat "
+                  "template renders (with the assistant header at the end)");
   cmd->add_flag("--json", args->json_output, "Print the ids as a JSON array");
   cmd->add_flag("--no-special", args->no_special,
                 "Treat special-token text (e.g. <|im_start|>) as plain text");
-  cmd->callback([args] { run(*args); });
+  cmd->callback([args, cmd] {
+    size_t sources = 0;
+    for (const char* name : {"--text", "--file", "--decode", "--jsonl-in", "--decode-jsonl", "--chat-json"})
+      sources += cmd->count(name) > 0 ? 1 : 0;
+    SPIN_CHECK(sources == 1,
+               "give exactly one of --text, --file, --decode, --jsonl-in, --decode-jsonl, --chat-json");
+    run(*args);
+  });
 }
 
 }  // namespace spin::cli

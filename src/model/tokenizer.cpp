@@ -150,15 +150,51 @@ bool is_unicode_whitespace(uint32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 
+// HF tokenizers matches with Oniguruma, whose Unicode \s is [\t\n\v\f\r\x85\p{Z}]; PCRE2's
+// (UCP) also takes U+180E. Spelling the class out makes both engines agree. A \S inside a
+// bracket class cannot be spelled out and is left to PCRE2.
+std::string onig_whitespace_classes(std::string_view pattern) {
+  constexpr std::string_view kSpace = R"(\t\n\x0B\f\r\x{85}\p{Z})";
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      char e = pattern[++i];
+      if (e == 's') {
+        out += in_class ? std::string(kSpace) : "[" + std::string(kSpace) + "]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^" + std::string(kSpace) + "]";
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    if (c == '[' && !in_class) {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member, not the end of the class.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
+    }
+    if (c == ']' && in_class) in_class = false;
+    out += c;
+  }
+  return out;
+}
+
 // A compiled PCRE2 pattern (UTF + UCP, JIT when available). Matching never checks UTF-8:
 // callers only pass valid runs.
 class Regex {
  public:
-  Regex(const std::string& pattern, bool literal) : pattern_(pattern) {
+  Regex(const std::string& pattern, bool literal)
+      : pattern_(literal ? pattern : onig_whitespace_classes(pattern)) {
     int error = 0;
     PCRE2_SIZE offset = 0;
     uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.data()), pattern_.size(), options,
                           &error, &offset, nullptr);
     if (code_ == nullptr) {
       PCRE2_UCHAR message[256];
