@@ -1,5 +1,6 @@
 // Native rendering of the chat formats spin supports. The family is recognised from the jinja
 // source; the only template-specific text taken from it is ChatML's default system prompt.
+#include <ctime>
 #include <string>
 
 #include "base/error.h"
@@ -43,6 +44,35 @@ std::string extract_chatml_default_system(const std::string& source) {
   return {};
 }
 
+// Llama 3.1+ templates open with a system block holding a knowledge-cutoff line and today's
+// date. The cutoff line is read from the source; the date is the template's fixed fallback
+// literal (`date_string = "..."`) unless the template asks for strftime_now, which HF
+// transformers supplies as the current date.
+std::string extract_llama3_preamble(const std::string& source) {
+  const std::string cutoff_key = "Cutting Knowledge Date:";
+  size_t at = source.find(cutoff_key);
+  if (at == std::string::npos) return {};
+  size_t end = source.find_first_of("\\\n'\"", at);
+  std::string cutoff = source.substr(at, end == std::string::npos ? std::string::npos : end - at);
+  std::string date;
+  bool uses_clock = source.find("strftime_now") != std::string::npos;
+  const std::string date_key = "date_string = \"";
+  size_t d = source.find(date_key);
+  if (d != std::string::npos) {
+    size_t close = source.find('"', d + date_key.size());
+    if (close != std::string::npos) date = source.substr(d + date_key.size(), close - d - date_key.size());
+  }
+  if (uses_clock || date.empty()) {
+    std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char buffer[32];
+    std::strftime(buffer, sizeof(buffer), "%d %b %Y", &local);
+    date = buffer;
+  }
+  return cutoff + "\nToday Date: " + date + "\n\n";
+}
+
 std::string_view trim(std::string_view s) {
   const char* ws = " \t\n\r\v\f";
   size_t b = s.find_first_not_of(ws);
@@ -67,7 +97,7 @@ ChatTemplate ChatTemplate::detect(const std::string& jinja_source, const Tokeniz
       jinja_source.find("<|eot_id|>") != std::string::npos) {
     require_tokens(tokenizer, "Llama 3",
                    {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"});
-    return ChatTemplate(Format::Llama3);
+    return ChatTemplate(Format::Llama3, {}, extract_llama3_preamble(jinja_source));
   }
   if (jinja_source.find("<|im_start|>") != std::string::npos) {
     require_tokens(tokenizer, "ChatML", {"<|im_start|>", "<|im_end|>"});
@@ -89,6 +119,14 @@ std::string ChatTemplate::apply(std::span<const ChatMessage> messages,
     return out;
   }
   out += "<|begin_of_text|>";
+  if (!llama3_system_preamble_.empty()) {
+    // Llama 3.1+: the system block is always there; a leading system message fills it.
+    bool has_system = !messages.empty() && messages.front().role == "system";
+    out += "<|start_header_id|>system<|end_header_id|>\n\n" + llama3_system_preamble_;
+    if (has_system) out += trim(messages.front().content);
+    out += "<|eot_id|>";
+    if (has_system) messages = messages.subspan(1);
+  }
   for (const ChatMessage& m : messages) {
     out += "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n";
     out += trim(m.content);

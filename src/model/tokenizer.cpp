@@ -22,6 +22,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include <spdlog/spdlog.h>
+
 #include "base/error.h"
 #include "model/gguf.h"
 
@@ -746,8 +748,13 @@ Tokenizer Tokenizer::from_json_string(const std::string& tokenizer_json, const s
     SPIN_CHECK(model.value("continuing_subword_prefix", json()).is_null() &&
                    model.value("end_of_word_suffix", json()).is_null(),
                "BPE continuing_subword_prefix / end_of_word_suffix are not supported");
-    if (!doc.value("normalizer", json()).is_null()) {
-      fail("normalizer '{}' is not supported", doc.at("normalizer").value("type", "?"));
+    const json& normalizer = doc.value("normalizer", json());
+    if (!normalizer.is_null()) {
+      std::string type = normalizer.value("type", "?");
+      // Qwen2/3 declare NFC. spin does not normalize: text already in NFC (nearly all text)
+      // tokenizes exactly as HF does; decomposed input may differ.
+      SPIN_CHECK(type == "NFC", "normalizer '{}' is not supported (only none or NFC)", type);
+      spdlog::debug("tokenizer.json declares an NFC normalizer; input is used as given");
     }
     const json& decoder = doc.value("decoder", json());
     SPIN_CHECK(decoder.is_null() || decoder.value("type", "") == "ByteLevel",

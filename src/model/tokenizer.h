@@ -84,11 +84,17 @@ class ChatTemplate {
   // Recognises the family from the jinja source (and the tokenizer's vocabulary); throws
   // spin::Error naming the problem for an unknown or empty template.
   static ChatTemplate detect(const std::string& jinja_source, const Tokenizer& tokenizer);
-  explicit ChatTemplate(Format format, std::string default_system = {})
-      : format_(format), default_system_(std::move(default_system)) {}
+  // llama3_system_preamble: Llama 3.1+ templates always open with a system block that starts
+  // with "Cutting Knowledge Date: ...\nToday Date: ...\n\n"; empty for Llama 3.0.
+  explicit ChatTemplate(Format format, std::string default_system = {},
+                        std::string llama3_system_preamble = {})
+      : format_(format),
+        default_system_(std::move(default_system)),
+        llama3_system_preamble_(std::move(llama3_system_preamble)) {}
 
   // The system prompt the template inserts when the conversation has none (ChatML family).
   const std::string& default_system() const { return default_system_; }
+  const std::string& llama3_system_preamble() const { return llama3_system_preamble_; }
 
   Format format() const { return format_; }
   // Renders the conversation; with add_generation_prompt, ends with the assistant header.
@@ -100,6 +106,7 @@ class ChatTemplate {
  private:
   Format format_;
   std::string default_system_;  // system prompt the template inserts when none is given
+  std::string llama3_system_preamble_;
 };
 
 }  // namespace spin

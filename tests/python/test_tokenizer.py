@@ -14,6 +14,7 @@ corpus itself, saved as tokenizer.json and compared.
 import json
 import os
 import subprocess
+import unicodedata
 
 import gguf
 import jinja2
@@ -37,6 +38,16 @@ CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
     "{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + (m['content'] | trim) + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
+# Written for these tests: Llama 3.1's format (a system block that is always present, opening
+# with the knowledge cutoff and a fixed date).
+LLAMA31_TEMPLATE = (
+    "{{ bos_token }}{% set date_string = \"26 Jul 2024\" %}"
+    "{% if messages and messages[0]['role'] == 'system' %}{% set sys = messages[0]['content'] | trim %}"
+    "{% set rest = messages[1:] %}{% else %}{% set sys = '' %}{% set rest = messages %}{% endif %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}{{ 'Cutting Knowledge Date: December 2023\\n' }}"
+    "{{ 'Today Date: ' + date_string + '\\n\\n' }}{{ sys }}{{ '<|eot_id|>' }}"
+    "{% for m in rest %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + (m['content'] | trim) + '<|eot_id|>' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
 # Written for these tests: a ChatML template with its own default system prompt.
 CHATML_TEMPLATE = (
@@ -255,12 +266,24 @@ def test_qwen2_regex_matches_hf():
     hf, directory = train_bpe("qwen2", QWEN2_PATTERN, CHATML_SPECIALS, CHATML_TEMPLATE,
                               eos="<|im_end|>")
     assert_same_ids(hf, directory, CORPUS)
+    # Qwen's tokenizer.json declares an NFC normalizer; spin uses text as given, which agrees
+    # with HF on every string already in NFC.
+    path = os.path.join(directory, "tokenizer.json")
+    doc = json.load(open(path, encoding="utf-8"))
+    doc["normalizer"] = {"type": "NFC"}
+    nfc_dir = os.path.dirname(tmp_path("qwen2_nfc", "tokenizer.json"))
+    with open(os.path.join(nfc_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f)
+    nfc_strings = [s for s in CORPUS if unicodedata.is_normalized("NFC", s)]
+    assert len(nfc_strings) >= 300
+    assert_same_ids(Tokenizer.from_file(os.path.join(nfc_dir, "tokenizer.json")), nfc_dir, nfc_strings)
     ids = spin_encode_all(directory, CORPUS)
     assert spin_decode_all(directory, ids) == CORPUS
 
 
 @pytest.mark.parametrize("name,template,specials,bos", [
     ("llama3_chat", LLAMA3_TEMPLATE, LLAMA3_SPECIALS, "<|begin_of_text|>"),
+    ("llama31_chat", LLAMA31_TEMPLATE, LLAMA3_SPECIALS, "<|begin_of_text|>"),
     ("chatml_chat", CHATML_TEMPLATE, CHATML_SPECIALS, None),
 ])
 def test_chat_templates_match_jinja(name, template, specials, bos):
