@@ -129,16 +129,17 @@ TEST_F(CpuOps, ContiguousAttentionMatchesNaiveCausalGqa) {
   const int64_t T = 11;
   const int64_t qw = shape.n_heads * shape.head_dim, kw = shape.n_kv_heads * shape.head_dim;
   auto q = random_vector(rng, T * qw), k = random_vector(rng, T * kw), v = random_vector(rng, T * kw);
-  ContiguousAttention attn(shape, 16);
-  std::vector<float> out(T * qw, NAN);
-  // Layer 0 in chunks of 4, 4, 3 (chunked prefill); layer 1 in one go.
+  // Chunked prefill (4, 4, 3 tokens; every layer per chunk, as the model runs) and one shot.
+  ContiguousAttention chunked(shape, 16), one_shot(shape, 16);
+  std::vector<float> out(T * qw, NAN), out1(T * qw, NAN);
   for (int64_t p = 0; p < T; p += 4) {
     const int64_t n = std::min<int64_t>(4, T - p);
-    attn.forward(0, p, n, &q[p * qw], &k[p * kw], &v[p * kw], &out[p * qw]);
+    for (int64_t layer = 0; layer < shape.n_layers; ++layer)
+      chunked.forward(layer, p, n, &q[p * qw], &k[p * kw], &v[p * kw], &out[p * qw]);
   }
-  std::vector<float> out1(T * qw, NAN);
-  attn.forward(1, 0, T, q.data(), k.data(), v.data(), out1.data());
-  EXPECT_EQ(attn.length(), T);
+  for (int64_t layer = 0; layer < shape.n_layers; ++layer)
+    one_shot.forward(layer, 0, T, q.data(), k.data(), v.data(), out1.data());
+  EXPECT_EQ(chunked.length(), T);
   std::vector<double> ref(T * qw, 0.0);
   const int64_t group = shape.n_heads / shape.n_kv_heads, d = shape.head_dim;
   for (int64_t t = 0; t < T; ++t) {

@@ -81,7 +81,8 @@ TEST(StopMatcher, HoldsBackPartialMatchesAndCutsAtStop) {
 
 TEST(StopMatcher, ReleasesEverythingWithoutStop) {
   StopMatcher m({"xyz"});
-  std::string out = m.push("abcx") + m.push("y");
+  std::string out = m.push("abcx");
+  out += m.push("y");
   EXPECT_EQ(out, "abc");
   out += m.flush();
   EXPECT_EQ(out, "abcxy");
