@@ -426,5 +426,42 @@ TEST(KvManagerProperty, MatchesModelOverRandomOperations) {
   }
 }
 
+TEST(KvManagerExhaustion, FullPoolThrowsTypedErrorAndChangesNothing) {
+  KvConfig c = small_config(64);
+  c.device_pages = 40;  // 4 streams: 10 pages each
+  HostPageMemory memory(c.layout, c.device_pages, c.host_pages);
+  KvManager m(c, memory);
+  const RequestId a = m.create_request();
+  m.reserve_tokens(a, 8 * 9);  // 9 pages per stream = 36 device pages
+  const Snapshot before = snapshot(m, {a});
+  try {
+    m.reserve_tokens(a, 8 * 2);  // needs 8 more pages, 4 free
+    FAIL() << "expected PoolExhausted";
+  } catch (const PoolExhausted& e) {
+    EXPECT_EQ(e.requested(), 8u);
+    EXPECT_EQ(e.available(), 4u);
+  }
+  EXPECT_TRUE(snapshot(m, {a}) == before);
+  // Retrieve that needs more device pages than free + evictable fails the same way.
+  m.finish_prefill(a);  // keeps sink + window + current = 3 pages per stream
+  m.set_buffer_pages(a, 0);
+  const RequestId b = m.create_request();
+  m.reserve_tokens(b, 8 * 6);  // 24 device pages; 12 + 24 = 36 used, 4 free
+  LayerSelection sel;
+  const std::vector<uint32_t> three{2, 3, 4}, none;
+  sel.add_head(three);
+  sel.add_head(three);  // 6 misses on layer 0, 4 free, nothing evictable
+  std::vector<PageId> out;
+  const Snapshot before_retrieve = snapshot(m, {a, b});
+  EXPECT_THROW(m.retrieve(a, 0, 1, sel, out), PoolExhausted);
+  EXPECT_TRUE(snapshot(m, {a, b}) == before_retrieve);
+  m.release(b);
+  m.retrieve(a, 0, 1, sel, out);  // now it fits
+  EXPECT_EQ(m.counters(a).misses, 6u);
+  m.release(a);
+  EXPECT_EQ(m.device_pool().num_used(), 0u);
+  EXPECT_EQ(m.host_pool().num_used(), 0u);
+}
+
 }  // namespace
 }  // namespace spin::kv
