@@ -23,24 +23,20 @@ void BucketedLruPicker::pick(std::span<const LruCandidate> candidates, uint32_t 
 
   std::fill(histogram_.begin(), histogram_.end(), 0);
   for (const LruCandidate& c : candidates) ++histogram_[(c.stamp - oldest) / width];
-  uint32_t boundary = 0;  // first bucket not taken whole
+  // Find the boundary bucket: all older buckets go whole, the boundary one only in part.
+  uint32_t boundary = 0;
   uint32_t taken = 0;
-  while (taken + histogram_[boundary] <= count) {
-    taken += histogram_[boundary];
-    if (taken == count) break;
-    ++boundary;
-  }
+  while (taken + histogram_[boundary] < count) taken += histogram_[boundary++];
   boundary_.clear();
   for (const LruCandidate& c : candidates) {
     const uint32_t bucket = (c.stamp - oldest) / width;
-    if (bucket < boundary || (taken == count && bucket == boundary)) {
+    if (bucket < boundary) {
       victims.push_back(c.slot);
     } else if (bucket == boundary) {
       boundary_.push_back(c);
     }
   }
-  const uint32_t rest = count - std::min(taken, count);
-  if (taken == count) return;
+  const uint32_t rest = count - taken;  // 1..size of the boundary bucket
   auto by_logical = [](const LruCandidate& a, const LruCandidate& b) {
     return a.logical < b.logical;
   };
