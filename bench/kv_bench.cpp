@@ -20,15 +20,16 @@ constexpr uint32_t kBufferPages = 5 * kSelectedPages;
 
 // One layer of 8 KV heads, head_dim 64 (SmolLM2-like), fp32 pages, prefill already offloaded.
 struct Fixture {
-  explicit Fixture(uint32_t context_tokens) {
-    config.layout = {.num_layers = 1, .num_kv_heads = kHeads, .head_dim = 64, .page_size = kPageSize};
+  explicit Fixture(uint32_t context_tokens, uint32_t layers = 1, uint32_t heads = kHeads) {
+    config.layout = {.num_layers = layers, .num_kv_heads = heads, .head_dim = 64, .page_size = kPageSize};
+    const uint32_t streams = layers * heads;
     const uint32_t pages = context_tokens / kPageSize;
     config.max_batch = 1;
     config.max_context = context_tokens + 64;
-    config.device_pages = kHeads * (kSelectedPages + kBufferPages + 16);
-    config.host_pages = kHeads * (pages + 8);
+    config.device_pages = streams * (kSelectedPages + kBufferPages + 16);
+    config.host_pages = streams * (pages + 8);
     config.max_resident_pages = std::min(kSelectedPages + kBufferPages + 16, config.max_context / kPageSize);
-    config.device_pages = std::max(config.device_pages, kHeads * (pages + 8));  // dense prefill
+    config.device_pages = std::max(config.device_pages, streams * (pages + 8));  // dense prefill
     memory = std::make_unique<HostPageMemory>(config.layout, config.device_pages, config.host_pages);
     manager = std::make_unique<KvManager>(config, *memory);
     request = manager->create_request();
@@ -40,7 +41,7 @@ struct Fixture {
   // Drifting hot set: each step keeps ~90% of the previous selection.
   void next_selection(std::mt19937& rng) {
     if (current.empty()) {
-      current.resize(kHeads);
+      current.resize(config.layout.num_kv_heads);
       for (auto& head : current)
         for (uint32_t i = 0; i < kSelectedPages; ++i) head.push_back(i * (num_pages / kSelectedPages));
     }
@@ -105,6 +106,32 @@ void BM_RetrieveLayer(benchmark::State& state) {
   state.counters["MB_h2d/step"] = (c.h2d_bytes - start.h2d_bytes) / n / 1e6;
 }
 BENCHMARK(BM_RetrieveLayer)->Arg(8192)->Arg(32768)->Unit(benchmark::kMicrosecond);
+
+// The manager's whole per-decode-step work for SmolLM2-135M (30 layers, 3 KV heads, head_dim 64)
+// at 8K context: write-through of the new token's K/V and a retrieve of 2048 tokens per KV head
+// in every layer. The selection drifts once per step and is reused by all layers.
+void BM_DecodeStepSmolLM2(benchmark::State& state) {
+  const uint32_t layers = 30, heads = 3, context = static_cast<uint32_t>(state.range(0));
+  Fixture f(context, layers, heads);
+  std::mt19937 rng(4);
+  std::vector<PageId> out;
+  std::vector<float> k(heads * 64, 0.5f), v(heads * 64, -0.5f);
+  uint64_t step = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    f.next_selection(rng);
+    state.ResumeTiming();
+    ++step;
+    for (uint32_t layer = 0; layer < layers; ++layer) {
+      f.manager->write_tokens(f.request, layer, context - 1, 1, k.data(), v.data());
+      f.manager->retrieve(f.request, layer, step, f.selection, out);
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  const KvCounters& c = f.manager->counters(f.request);
+  state.counters["misses/step"] = static_cast<double>(c.misses) / state.iterations();
+}
+BENCHMARK(BM_DecodeStepSmolLM2)->Arg(8192)->Arg(16384)->Unit(benchmark::kMicrosecond);
 
 // Eviction choice alone: 64 buckets, candidates = a 5x buffer plus the previous selection,
 // stamps spread over 200 steps, evicting one selection's worth of pages.

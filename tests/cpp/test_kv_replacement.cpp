@@ -30,7 +30,7 @@ TEST(KvBucketedLru, EqualsExactLruWhenEveryBucketIsOneStep) {
     const uint32_t span = 1 + rng() % 64;  // stamps in [now - span, now)
     std::vector<LruCandidate> c;
     const uint32_t n = 1 + rng() % 60;
-    for (uint32_t i = 0; i < n; ++i) c.push_back({now - 1 - rng() % span, i * 7 + rng() % 7, i});  // distinct pages
+    for (uint32_t i = 0; i < n; ++i) c.push_back({static_cast<uint32_t>(now - 1 - rng() % span), static_cast<uint32_t>(i * 7 + rng() % 7), i});  // distinct pages
     const uint32_t count = rng() % (n + 1);
     std::vector<uint32_t> bucketed, exact;
     picker.pick(c, now, count, bucketed);
@@ -49,7 +49,7 @@ TEST(KvBucketedLru, SharedBucketsOnlyReorderInsideABucket) {
     const uint32_t span = 9 + rng() % 400;  // wider than the bucket count
     std::vector<LruCandidate> c;
     const uint32_t n = 2 + rng() % 60;
-    for (uint32_t i = 0; i < n; ++i) c.push_back({now - 1 - rng() % span, i * 3 + rng() % 3, i});
+    for (uint32_t i = 0; i < n; ++i) c.push_back({static_cast<uint32_t>(now - 1 - rng() % span), static_cast<uint32_t>(i * 3 + rng() % 3), i});
     const uint32_t count = rng() % (n + 1);
     std::vector<uint32_t> bucketed, exact;
     picker.pick(c, now, count, bucketed);
@@ -65,7 +65,9 @@ TEST(KvBucketedLru, SharedBucketsOnlyReorderInsideABucket) {
     for (uint32_t i = 0; i < n; ++i)
       (victims.count(i) ? max_victim = std::max(max_victim, bucket(i))
                         : min_kept = std::min(min_kept, bucket(i)));
-    if (!victims.empty() && victims.size() < n) ASSERT_LE(max_victim, min_kept);
+    if (!victims.empty() && victims.size() < n) {
+      ASSERT_LE(max_victim, min_kept);
+    }
     // Wherever the two policies disagree, the pages involved share the boundary bucket.
     for (uint32_t slot : exact)
       if (!victims.count(slot)) {
