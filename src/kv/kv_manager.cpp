@@ -555,6 +555,13 @@ MetadataBytes KvManager::two_level_metadata_bytes(const KvConfig& raw,
   m.host_directories = streams * segments_for(static_cast<uint32_t>(max_pages)) * sizeof(uint32_t) +
                        uint64_t{config.max_batch} * sizeof(RequestState);
   m.host_segments = logical_segments_in_use * kSegmentEntries * sizeof(LogicalEntry);
+  if (!config.tier_split) {
+    const uint64_t logical_dirs = streams * segments_for(static_cast<uint32_t>(max_pages)) * sizeof(uint32_t);
+    m.device_directories += logical_dirs;
+    m.host_directories -= logical_dirs;
+    m.device_segments += m.host_segments;
+    m.host_segments = 0;
+  }
   return m;
 }
 

@@ -33,6 +33,7 @@ struct KvConfig {
   uint32_t sink_pages = 1;         // first pages, always resident
   uint32_t window_pages = 2;       // complete pages before the page being written, always resident
   uint32_t lru_buckets = 64;
+  bool tier_split = true;          // logical tables in host memory; false: on the device too
   uint32_t logical_segments = 0;   // shared segment pool sizes (0: enough for the page pools)
   uint32_t resident_segments = 0;
 };

@@ -91,6 +91,13 @@ TEST(KvMetadata, Llama70BAt128KBatch32) {
   // With a 5x buffer the resident set is ~9% of the context; a per-resident-page table cannot
   // beat the flat one by more than ~context/resident, so this ratio is printed, not asserted.
   report("2048-token selection + 5x buffer", 2048 / 16 * 6 + pinned);
+  // Without the tier split the capacity-heavy logical tables sit on the device as well.
+  c.tier_split = false;
+  const MetadataBytes no_split =
+      KvManager::two_level_metadata_bytes(c, streams * ceil64(2048 / 16), streams * ceil64(pages));
+  std::printf("without tier split: two-level device %.1f MiB, host %.1f MiB\n",
+              no_split.device() / 1048576.0, no_split.host() / 1048576.0);
+  EXPECT_GT(no_split.device(), flat.total() / 2);  // the logical tables dominate
 }
 
 }  // namespace
