@@ -53,6 +53,10 @@ KvConfig KvManager::with_defaults(KvConfig config) {
   if (config.logical_segments == 0)
     config.logical_segments = enough(uint64_t{config.device_pages} + config.host_pages);
   if (config.resident_segments == 0) config.resident_segments = enough(config.device_pages);
+  // Stream and arena indices are 32-bit.
+  SPIN_CHECK(streams < 0xffffffffu && config.logical_segments <= 0xffffffffu / kSegmentEntries &&
+                 config.resident_segments <= 0xffffffffu / kSegmentEntries,
+             "KV manager configuration too large ({} streams)", streams);
   return config;
 }
 
