@@ -5,13 +5,13 @@
 #include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/npy.h"
+#include "cli/token_ids.h"
 #include "engine/generator.h"
 #include "kernels/cpu/ops.h"
 #include "model/loader.h"
@@ -37,28 +37,8 @@ struct GenerateArgs {
   std::string ids_out;
 };
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    SPIN_CHECK(used == item.size() && !item.empty() && v >= 0 && v <= INT32_MAX,
-               "--prompt-ids: '{}' is not a token id (expected comma-separated integers)", item);
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  SPIN_CHECK(!ids.empty(), "--prompt-ids is empty");
-  return ids;
-}
-
 std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokenizer) {
-  if (!a.prompt_ids.empty()) return parse_ids(a.prompt_ids);
+  if (!a.prompt_ids.empty()) return parse_token_ids(a.prompt_ids, "--prompt-ids");
   SPIN_CHECK(tokenizer != nullptr,
              "this model has no tokenizer (dummy weights): pass --prompt-ids instead of --prompt");
   std::string text = a.prompt;

@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/token_ids.h"
 #include "model/tokenizer.h"
 
 namespace spin::cli {
@@ -33,26 +34,6 @@ std::string read_file(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
-}
-
-std::vector<int32_t> parse_id_list(const std::string& list) {
-  std::vector<int32_t> ids;
-  std::string item;
-  std::istringstream in(list);
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-      value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      fail("--decode: '{}' is not a token id", item);
-    }
-    while (used < item.size() && std::isspace(static_cast<unsigned char>(item[used]))) ++used;
-    SPIN_CHECK(used == item.size() && value >= 0 && value <= INT32_MAX,
-               "--decode: '{}' is not a token id", item);
-    ids.push_back(static_cast<int32_t>(value));
-  }
-  return ids;
 }
 
 void print_ids(const std::vector<int32_t>& ids, bool as_json) {
@@ -109,7 +90,7 @@ void run(const TokenizeArgs& args) {
     return;
   }
   if (!args.decode.empty()) {
-    std::cout << tokenizer.decode(parse_id_list(args.decode));
+    std::cout << tokenizer.decode(parse_token_ids(args.decode, "--decode"));
     std::cout.flush();
     return;
   }
