@@ -291,6 +291,20 @@ def test_qwen2_regex_matches_hf():
     assert spin_decode_all(directory, ids) == CORPUS
 
 
+def test_added_token_strip_flags_match_hf():
+    hf, _ = train_bpe("strip", QWEN2_PATTERN, CHATML_SPECIALS, CHATML_TEMPLATE)
+    hf.add_special_tokens([AddedToken("<L>", lstrip=True, special=True, normalized=False),
+                           AddedToken("<R>", rstrip=True, special=True, normalized=False),
+                           AddedToken("<B>", lstrip=True, rstrip=True, special=True, normalized=False)])
+    hf.add_tokens([AddedToken("plainword", special=False, normalized=False)])
+    directory = os.path.dirname(tmp_path("strip_saved", "tokenizer.json"))
+    hf.save(os.path.join(directory, "tokenizer.json"))
+    strings = ["a  <L> b", "a <R>  b", "x \u3000\t<B>\n\u00a0 y", "<L><R><B>", "  <L>", "<R>  ",
+               "use plainword here <|im_start|> <R> plainword<L>", "\n\n<L>\n\n<R>\n\n"]
+    assert_same_ids(hf, directory, strings)
+    assert_same_ids(hf, directory, strings, no_special=True)
+
+
 @pytest.mark.parametrize("name,template,specials,bos", [
     ("llama3_chat", LLAMA3_TEMPLATE, LLAMA3_SPECIALS, "<|begin_of_text|>"),
     ("llama31_chat", LLAMA31_TEMPLATE, LLAMA3_SPECIALS, "<|begin_of_text|>"),
