@@ -240,9 +240,6 @@ class Regex {
     if (gap_start < text.size()) out.emplace_back(base + gap_start, text.size() - gap_start);
   }
 
-  const pcre2_code* code() const { return code_; }
-  const std::string& pattern() const { return pattern_; }
-
  private:
   std::string pattern_;
   pcre2_code* code_ = nullptr;

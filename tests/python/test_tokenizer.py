@@ -119,8 +119,13 @@ def assert_same_ids(hf, model, strings, no_special=False):
 
 
 @pytest.fixture(scope="module")
-def smollm_hf():
-    reader = gguf.GGUFReader(MODEL)
+def smollm_reader():
+    return gguf.GGUFReader(MODEL)
+
+
+@pytest.fixture(scope="module")
+def smollm_hf(smollm_reader):
+    reader = smollm_reader
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     merges = reader.fields["tokenizer.ggml.merges"].contents()
     types = reader.fields["tokenizer.ggml.token_type"].contents()
@@ -170,6 +175,12 @@ def test_smollm_roundtrip(smollm_hf):
     assert hf_decoded == decoded
 
 
+def test_long_inputs_match_hf(smollm_hf):
+    long_inputs = [" " * 20000 + "x", "ab" * 20000, "\n \n" * 5000, "9" * 10000,
+                   "word " * 4000, "\u4e2d\u6587" * 3000, "!?" * 10000 + "\U0001F600" * 1000]
+    assert_same_ids(smollm_hf, MODEL, long_inputs)
+
+
 def test_smollm_text_file_and_plain_output(smollm_hf):
     text = "File input: it's 2024 \U0001F600\n<|im_start|>user\nhi<|im_end|>\n"
     path = tmp_path("text.txt")
@@ -216,9 +227,8 @@ def test_smollm_tokenizer_json_matches_hf(smollm_hf):
     assert_same_ids(smollm_hf, directory, CORPUS)
 
 
-def test_smollm_chat_template_matches_jinja():
-    reader = gguf.GGUFReader(MODEL)
-    source = reader.fields["tokenizer.chat_template"].contents()
+def test_smollm_chat_template_matches_jinja(smollm_reader):
+    source = smollm_reader.fields["tokenizer.chat_template"].contents()
     template = jinja2.Environment().from_string(source)
     for conversation in CONVERSATIONS:
         path = tmp_path("chat.json")
@@ -279,6 +289,20 @@ def test_qwen2_regex_matches_hf():
     assert_same_ids(Tokenizer.from_file(os.path.join(nfc_dir, "tokenizer.json")), nfc_dir, nfc_strings)
     ids = spin_encode_all(directory, CORPUS)
     assert spin_decode_all(directory, ids) == CORPUS
+
+
+def test_added_token_strip_flags_match_hf():
+    hf, _ = train_bpe("strip", QWEN2_PATTERN, CHATML_SPECIALS, CHATML_TEMPLATE)
+    hf.add_special_tokens([AddedToken("<L>", lstrip=True, special=True, normalized=False),
+                           AddedToken("<R>", rstrip=True, special=True, normalized=False),
+                           AddedToken("<B>", lstrip=True, rstrip=True, special=True, normalized=False)])
+    hf.add_tokens([AddedToken("plainword", special=False, normalized=False)])
+    directory = os.path.dirname(tmp_path("strip_saved", "tokenizer.json"))
+    hf.save(os.path.join(directory, "tokenizer.json"))
+    strings = ["a  <L> b", "a <R>  b", "x \u3000\t<B>\n\u00a0 y", "<L><R><B>", "  <L>", "<R>  ",
+               "use plainword here <|im_start|> <R> plainword<L>", "\n\n<L>\n\n<R>\n\n"]
+    assert_same_ids(hf, directory, strings)
+    assert_same_ids(hf, directory, strings, no_special=True)
 
 
 @pytest.mark.parametrize("name,template,specials,bos", [
