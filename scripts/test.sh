@@ -35,7 +35,7 @@ if [ "${SPIN_SKIP_FUZZ:-0}" != 1 ]; then
     work=$(mktemp -d)
     [ -d "$corpus" ] && cp -r "$corpus"/. "$work"/
     echo "$name: ${seconds}s"
-    "$fuzzer" -max_total_time="$seconds" -rss_limit_mb=2048 -print_final_stats=1 "$work" 2>&1 | tail -n 3
+    "$fuzzer" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 "$work" 2>&1 | tail -n 3
     rm -rf "$work"
   done
 fi

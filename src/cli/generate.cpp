@@ -48,12 +48,7 @@ std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokeni
     messages.push_back({"user", a.prompt});
     text = ChatTemplate::detect(tokenizer->chat_template(), *tokenizer).apply(messages, true);
   }
-  std::vector<int32_t> ids = tokenizer->encode(text, true);
-  if (tokenizer->add_bos() && tokenizer->bos_id() >= 0 &&
-      (ids.empty() || ids.front() != tokenizer->bos_id())) {
-    ids.insert(ids.begin(), tokenizer->bos_id());
-  }
-  return ids;
+  return tokenizer->encode_prompt(text);
 }
 
 void run_generate(const GenerateArgs& a) {
