@@ -133,7 +133,11 @@ void SafetensorsFile::parse(const uint8_t* data, size_t size) {
   const Json header = parse_header_json(std::string_view(header_text, header_len), fname);
   SPIN_CHECK(header.is_object(), "safetensors '{}': header is not a JSON object", fname);
 
-  for (const auto& [key, value] : header.items()) {
+  for (const auto& item : header.items()) {
+    // Named references, not a structured binding: lambdas below capture them (C++20 allows
+    // capturing bindings, clang 14 does not).
+    const std::string& key = item.key();
+    const Json& value = item.value();
     if (key == "__metadata__") {
       SPIN_CHECK(value.is_object(), "safetensors '{}': __metadata__ is not an object", fname);
       for (const auto& [mkey, mvalue] : value.items()) {
