@@ -480,6 +480,26 @@ void KvManager::retrieve(RequestId request, uint32_t layer, uint64_t step,
   global_ += delta;
 }
 
+void KvManager::drop_layer(RequestId request, uint32_t layer) {
+  RequestState& r = state(request);
+  if (!r.offloaded) return;
+  const uint32_t num_pages = config_.layout.pages_for_tokens(r.tokens);
+  KvCounters delta;
+  for (uint32_t h = 0; h < config_.layout.num_kv_heads; ++h) {
+    const uint32_t s = stream_index(request, layer, h);
+    // Highest slots first, so a swap-remove never moves a page that is still to be checked.
+    for (uint32_t slot = streams_[s].resident_count; slot-- > 0;) {
+      const uint32_t i = resident_index(s, slot);
+      if (pinned(resident_logical_[i], num_pages)) continue;
+      device_pool_.free(resident_device_page_[i]);
+      remove_resident(s, slot);
+      ++delta.evictions;
+    }
+  }
+  r.counters += delta;
+  global_ += delta;
+}
+
 void KvManager::release(RequestId request) {
   RequestState& r = state(request);
   const uint32_t pages = config_.layout.pages_for_tokens(r.tokens);

@@ -107,6 +107,9 @@ class KvManager {
   // decreasing per request). device_pages receives the device page of each selected page.
   void retrieve(RequestId request, uint32_t layer, uint64_t step, const LayerSelection& selection,
                 std::vector<PageId>& device_pages);
+  // Evicts every device-resident page of one layer that is not always resident, whatever its
+  // stamp: streaming baselines (dense-offload) keep nothing of a layer between steps.
+  void drop_layer(RequestId request, uint32_t layer);
   // Finish, abort and preemption: every page and segment of the request goes back.
   void release(RequestId request);
 

@@ -1,0 +1,138 @@
+#pragma once
+// The sparse-attention algorithm interface. An algorithm is one class in one file:
+//  - Index: build per-partition summaries when pages become complete (end of prefill, and each
+//    time decode fills a page);
+//  - Select: score the summaries with the current query and return, per KV head, the pages to
+//    attend within the step's budget (default: top pages by score_pages);
+//  - Attention (optional override): the default is exact attention over sink + selected +
+//    window pages.
+// Offload and Retrieve belong to the system (kv::KvManager, driven by PagedSparseAttention).
+// Algorithms register by name (registry.cpp); nothing else in spin names one. See docs/sparse.md.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/kv_manager.h"
+#include "model/attention.h"
+#include "sparse/settings.h"
+
+namespace spin::sparse {
+
+// What one decode step of one sequence attended, summed over layers and KV heads. Selected
+// tokens are the budgeted part; sinks, window and outliers are reported beside it, never in it.
+struct StepBudget {
+  uint32_t context_tokens = 0;        // tokens in context, the current one included
+  uint32_t budget_tokens = 0;         // selection budget per (layer, KV head) this step
+  uint32_t sparse_heads = 0;          // (layer, KV head) pairs that ran Select
+  uint32_t max_selected_per_head = 0; // largest selection of one pair, in tokens
+  uint64_t selected_tokens = 0;       // sparse layers: tokens of selected pages
+  uint64_t sink_tokens = 0;           // sparse layers: sink pages
+  uint64_t window_tokens = 0;         // sparse layers: recent window + the page being written
+  uint64_t outlier_tokens = 0;        // kept resident by the algorithm itself (e.g. ShadowKV)
+  uint64_t estimated_tokens = 0;      // approximated rather than attended (e.g. RetroInfer)
+  uint64_t dense_layer_tokens = 0;    // first dense layers: every token of every KV head
+};
+
+// Index: pages [first_page, end_page) of every KV head of `layer` just became complete.
+struct IndexInput {
+  uint32_t layer = 0;
+  uint32_t first_page = 0;
+  uint32_t end_page = 0;
+  // Keys (page_size rows of head_dim floats, RoPE applied) of one complete page of a KV head.
+  std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys;
+};
+
+struct SelectQuery {
+  uint32_t layer = 0;
+  const float* q = nullptr;  // [n_heads][head_dim] of the current token, RoPE applied
+  uint32_t num_kv_heads = 0;
+  uint32_t group = 1;        // KV head g serves query heads [g * group, (g + 1) * group)
+  uint32_t context_tokens = 0;
+  // Selectable pages: complete, indexed, outside the sinks and the window.
+  uint32_t first_candidate = 0;
+  uint32_t end_candidate = 0;
+  uint32_t budget_pages = 0;  // most pages Select may return per KV head
+};
+
+// Read access to resident pages (CPU backend: plain pointers into the device tier).
+class PageReader {
+ public:
+  virtual ~PageReader() = default;
+  virtual const float* keys(kv::PageId device_page) const = 0;    // page_size rows
+  virtual const float* values(kv::PageId device_page) const = 0;  // page_size rows
+};
+
+struct AttendInput {
+  AttentionShape shape;
+  uint32_t page_size = 0;
+  uint32_t layer = 0;
+  uint32_t context_tokens = 0;  // the last attended page may be partial
+  const float* q = nullptr;     // [n_heads][head_dim]
+  const kv::LayerSelection* pages = nullptr;  // attended logical pages per KV head, ascending
+  std::span<const kv::PageId> device_pages;   // device page of each entry of pages->pages
+  const PageReader* memory = nullptr;
+};
+
+// Every candidate page for every KV head (the dense baselines' Select).
+void select_all(const SelectQuery& query, kv::LayerSelection& out);
+
+// Exact attention of each KV head's query group over its attended pages; out: [n_heads][head_dim].
+void attend_pages(const AttendInput& in, float* out);
+
+class SparseAlgorithm {
+ public:
+  virtual ~SparseAlgorithm() = default;
+  virtual AlgorithmTraits traits() const = 0;
+  // Index (summaries). Called only for sparse layers (not the first dense ones).
+  virtual void index(const IndexInput& in);
+  // Criticality of candidate pages [first_candidate, end_candidate) for one KV head; higher is
+  // more important. An algorithm implements this or overrides select.
+  virtual void score_pages(const SelectQuery& query, uint32_t kv_head,
+                           std::span<float> scores) const;
+  // Appends one head per KV head to `out`: distinct candidate pages, at most budget_pages.
+  // Default: the budget_pages highest-scoring pages (ties: the lower page).
+  virtual void select(const SelectQuery& query, kv::LayerSelection& out, StepBudget& budget);
+  // Decode attention of one layer; default: attend_pages.
+  virtual void attend(const AttendInput& in, float* out);
+  // Bytes of summaries the algorithm keeps (metadata accounting).
+  virtual uint64_t summary_bytes() const { return 0; }
+};
+
+// What a factory gets: the model's attention shape, the store's layout, the raw settings.
+struct AlgorithmContext {
+  AttentionShape shape;
+  kv::KvLayout layout;
+  const SparseSettings* settings = nullptr;
+};
+
+using AlgorithmFactory =
+    std::function<std::unique_ptr<SparseAlgorithm>(const AlgorithmContext& context)>;
+
+class AlgorithmRegistry {
+ public:
+  // The process-wide registry, holding the built-in algorithms (registry.cpp) from first use.
+  static AlgorithmRegistry& global();
+  // Throws spin::Error on an empty or duplicate name.
+  void add(const std::string& name, AlgorithmFactory factory);
+  bool contains(const std::string& name) const;
+  std::vector<std::string> names() const;  // sorted
+  // Throws spin::Error listing the registered names when `name` is unknown.
+  std::unique_ptr<SparseAlgorithm> create(const std::string& name,
+                                          const AlgorithmContext& context) const;
+
+ private:
+  std::vector<std::pair<std::string, AlgorithmFactory>> entries_;
+};
+
+// For algorithms outside the library (tests, plugins linked as object files):
+//   static const AlgorithmRegistrar reg("name", [](const AlgorithmContext& c) { ... });
+struct AlgorithmRegistrar {
+  AlgorithmRegistrar(const std::string& name, AlgorithmFactory factory) {
+    AlgorithmRegistry::global().add(name, std::move(factory));
+  }
+};
+
+}  // namespace spin::sparse

@@ -1,0 +1,234 @@
+#include "sparse/paged_sparse_attention.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace spin::sparse {
+
+// Device-tier pages as float pointers: K rows, then V rows.
+class PagedSparseAttention::DevicePages final : public PageReader {
+ public:
+  explicit DevicePages(const kv::HostPageMemory& memory) : memory_(memory) {}
+  const float* keys(kv::PageId page) const override {
+    return reinterpret_cast<const float*>(memory_.page_data(kv::Tier::Device, page));
+  }
+  const float* values(kv::PageId page) const override {
+    const kv::KvLayout& L = memory_.layout();
+    return keys(page) + size_t{L.page_size} * L.head_dim;
+  }
+
+ private:
+  const kv::HostPageMemory& memory_;
+};
+
+namespace {
+
+kv::KvLayout checked_layout(const kv::KvManager& kv, const kv::HostPageMemory& memory,
+                            const AttentionShape& shape) {
+  const kv::KvLayout& L = kv.config().layout;
+  SPIN_CHECK(L.elem == kv::ElemType::F32 && memory.layout().elem == kv::ElemType::F32 &&
+                 memory.layout().page_bytes() == L.page_bytes(),
+             "paged sparse attention on the CPU needs fp32 pages of the KV manager's layout");
+  SPIN_CHECK(shape.n_layers == L.num_layers && shape.n_kv_heads == L.num_kv_heads &&
+                 shape.head_dim == L.head_dim,
+             "model attention ({} layers, {} KV heads, head_dim {}) does not match the KV store "
+             "({}, {}, {})",
+             shape.n_layers, shape.n_kv_heads, shape.head_dim, L.num_layers, L.num_kv_heads,
+             L.head_dim);
+  SPIN_CHECK(shape.n_heads > 0 && shape.n_heads % shape.n_kv_heads == 0,
+             "{} query heads do not split into groups over {} KV heads", shape.n_heads,
+             shape.n_kv_heads);
+  return L;
+}
+
+// Tokens in logical pages [first, end) when `tokens` are stored.
+uint64_t tokens_in(uint32_t first, uint32_t end, uint32_t page_size, uint32_t tokens) {
+  const auto upto = [&](uint32_t page) { return std::min<uint64_t>(uint64_t{page} * page_size, tokens); };
+  return end > first ? upto(end) - upto(first) : 0;
+}
+
+}  // namespace
+
+PagedSparseAttention::PagedSparseAttention(kv::KvManager& kv, const kv::HostPageMemory& memory,
+                                           const AttentionShape& shape,
+                                           const SparseSettings& settings,
+                                           const AlgorithmRegistry& registry)
+    : kv_(kv), memory_(memory), shape_(shape) {
+  const kv::KvLayout layout = checked_layout(kv, memory, shape);
+  algorithm_ = registry.create(settings.algorithm, AlgorithmContext{shape, layout, &settings});
+  settings_ = resolve_settings(settings, algorithm_->traits(), shape, kv.config());
+  reader_ = std::make_unique<DevicePages>(memory);
+  request_ = kv_.create_request();
+}
+
+PagedSparseAttention::~PagedSparseAttention() { kv_.release(request_); }
+
+void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n, const float* q,
+                                   const float* k, const float* v, float* out) {
+  SPIN_CHECK(layer >= 0 && layer < shape_.n_layers && n > 0 && pos0 >= 0,
+             "paged attention: bad call (layer {}, position {}, {} tokens)", layer, pos0, n);
+  const auto l = static_cast<uint32_t>(layer);
+  if (layer == 0) {
+    SPIN_CHECK(pos0 == length_, "paged attention: write at position {} but {} tokens are stored",
+               pos0, length_);
+    if (n == 1 && length_ > 0 && !prefill_done_) finish_prefill();
+    SPIN_CHECK(!prefill_done_ || n == 1,
+               "paged attention: {} tokens in one call after prefill; decode takes one", n);
+    SPIN_CHECK(pos0 + n <= kv_.config().max_context,
+               "paged attention: {} tokens exceed the KV store's max_context {}", pos0 + n,
+               kv_.config().max_context);
+    kv_.reserve_tokens(request_, static_cast<uint32_t>(n));
+    if (prefill_done_) {
+      ++step_;
+      const auto tokens = static_cast<uint32_t>(pos0 + 1);
+      last_step_ = StepBudget{.context_tokens = tokens,
+                              .budget_tokens = settings_.budget_pages(tokens) * settings_.page_size};
+    }
+  } else {
+    SPIN_CHECK(pos0 + n == kv_.num_tokens(request_),
+               "paged attention: layer {} got positions {}..{} but layer 0 stored {} tokens", layer,
+               pos0, pos0 + n - 1, kv_.num_tokens(request_));
+  }
+  kv_.write_tokens(request_, l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), k, v);
+  if (prefill_done_) {
+    decode_attention(l, static_cast<uint32_t>(pos0), q, out);
+  } else {
+    prefill_attention(l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), q, out);
+  }
+  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
+}
+
+void PagedSparseAttention::finish_prefill() {
+  SPIN_CHECK(!prefill_done_, "paged attention: prefill already finished");
+  SPIN_CHECK(kv_.num_tokens(request_) == length_,
+             "paged attention: prefill ends between layers of a forward pass");
+  const uint32_t complete = static_cast<uint32_t>(length_) / settings_.page_size;
+  for (uint32_t l = settings_.first_dense_layers; l < shape_.n_layers; ++l) index_pages(l, 0, complete);
+  if (settings_.traits.placement != Placement::Device) kv_.finish_prefill(request_);
+  prefill_done_ = true;
+}
+
+void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page) {
+  if (layer < settings_.first_dense_layers || end_page <= first_page) return;
+  IndexInput in{layer, first_page, end_page, [&](uint32_t kv_head, uint32_t page) {
+                  const kv::PageId device = kv_.lookup(request_, layer, kv_head, page).device;
+                  SPIN_CHECK(device != kv::kNoPage, "page {} to index is not on the device", page);
+                  return reader_->keys(device);
+                }};
+  algorithm_->index(in);
+}
+
+void PagedSparseAttention::prefill_attention(uint32_t layer, uint32_t pos0, uint32_t n,
+                                             const float* q, float* out) {
+  const uint32_t ps = settings_.page_size;
+  const uint32_t n_pages = kv_.num_pages(request_);
+  const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
+  const int64_t hd = shape_.head_dim;
+  const int64_t group = shape_.n_heads / shape_.n_kv_heads;
+  // Before offload every page is on the device.
+  std::vector<kv::PageId> pages(size_t{n_kv} * n_pages);
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    for (uint32_t p = 0; p < n_pages; ++p)
+      pages[size_t{g} * n_pages + p] = kv_.lookup(request_, layer, g, p).device;
+  }
+  // One task per (token, KV head): each reads its group's pages once.
+#pragma omp parallel
+  {
+    std::vector<cpu::KvPageView> views;
+    std::vector<float> scratch(cpu::paged_attention_scratch(group, ps));
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t g = 0; g < n_kv; ++g) {
+        const uint32_t pos = pos0 + static_cast<uint32_t>(i);
+        const uint32_t last = pos / ps;
+        views.resize(last + 1);
+        for (uint32_t p = 0; p <= last; ++p) {
+          const kv::PageId page = pages[g * n_pages + p];
+          views[p] = {reader_->keys(page), reader_->values(page), p == last ? pos % ps + 1 : ps};
+        }
+        const int64_t head0 = g * group;
+        cpu::attend_group_pages(q + (i * shape_.n_heads + head0) * hd, group, views, hd,
+                                shape_.scale, out + (i * shape_.n_heads + head0) * hd,
+                                scratch.data());
+      }
+    }
+  }
+}
+
+void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const float* q,
+                                            float* out) {
+  const uint32_t ps = settings_.page_size;
+  const uint32_t tokens = pos + 1;
+  const uint32_t current = pos / ps;
+  const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
+  const bool dense_layer = layer < settings_.first_dense_layers;
+  if (tokens % ps == 0) index_pages(layer, current, current + 1);
+
+  // Sinks [0, sink_end), candidates [sink_end, window_start), window [window_start, current].
+  const uint32_t sink_end = std::min(settings_.sink_pages, current + 1);
+  const uint32_t window_start =
+      std::max(sink_end, current - std::min(current, settings_.window_pages));
+  SelectQuery query{.layer = layer,
+                    .q = q,
+                    .num_kv_heads = n_kv,
+                    .group = static_cast<uint32_t>(shape_.n_heads / shape_.n_kv_heads),
+                    .context_tokens = tokens,
+                    .first_candidate = sink_end,
+                    .end_candidate = window_start,
+                    .budget_pages = last_step_.budget_tokens / ps};
+  selected_.clear();
+  StepBudget& budget = last_step_;
+  if (dense_layer) {
+    select_all(query, selected_);
+    budget.dense_layer_tokens += uint64_t{tokens} * n_kv;
+  } else {
+    algorithm_->select(query, selected_, budget);
+    SPIN_CHECK(selected_.num_heads() == n_kv, "sparse algorithm '{}' selected for {} KV heads, not {}",
+               settings_.algorithm, selected_.num_heads(), n_kv);
+    const uint64_t sink_tokens = tokens_in(0, sink_end, ps, tokens);
+    const uint64_t window_tokens = tokens_in(window_start, current + 1, ps, tokens);
+    for (uint32_t g = 0; g < n_kv; ++g) {
+      const auto head = selected_.head(g);
+      for (uint32_t p : head) {
+        SPIN_CHECK(p >= sink_end && p < window_start,
+                   "sparse algorithm '{}' selected page {} outside the candidates {}..{}",
+                   settings_.algorithm, p, sink_end, window_start);
+      }
+      const auto selected_tokens = static_cast<uint32_t>(head.size() * ps);
+      budget.selected_tokens += selected_tokens;
+      budget.max_selected_per_head = std::max(budget.max_selected_per_head, selected_tokens);
+      budget.sink_tokens += sink_tokens;
+      budget.window_tokens += window_tokens;
+      ++budget.sparse_heads;
+    }
+  }
+
+  // Attended pages per KV head in ascending order: sinks, selected, window.
+  attended_.clear();
+  std::vector<uint32_t> pages;
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    pages.clear();
+    for (uint32_t p = 0; p < sink_end; ++p) pages.push_back(p);
+    const auto head = selected_.head(g);
+    const size_t first_selected = pages.size();
+    pages.insert(pages.end(), head.begin(), head.end());
+    std::sort(pages.begin() + static_cast<std::ptrdiff_t>(first_selected), pages.end());
+    for (uint32_t p = window_start; p <= current; ++p) pages.push_back(p);
+    attended_.add_head(pages);
+  }
+  kv_.retrieve(request_, layer, step_, attended_, device_pages_);
+  algorithm_->attend(AttendInput{.shape = shape_,
+                                 .page_size = ps,
+                                 .layer = layer,
+                                 .context_tokens = tokens,
+                                 .q = q,
+                                 .pages = &attended_,
+                                 .device_pages = device_pages_,
+                                 .memory = reader_.get()},
+                     out);
+  if (settings_.traits.placement == Placement::Stream) kv_.drop_layer(request_, layer);
+}
+
+}  // namespace spin::sparse

@@ -1,0 +1,66 @@
+#pragma once
+// SequenceAttention over the paged two-tier KV store, driving one sparse algorithm for one
+// sequence (CPU backend). Prefill stores K/V in device pages and attends densely (exact). When
+// prefill ends, the algorithm indexes the complete pages and, unless its placement is Device,
+// the KV manager offloads the request so the device keeps only the working set. Each decode
+// step, per layer: Index the page that just filled, Select (first dense layers: every page),
+// Retrieve sink + selected + window pages through the KV manager, then Attention.
+#include <memory>
+#include <vector>
+
+#include "kv/kv_manager.h"
+#include "sparse/algorithm.h"
+
+namespace spin::sparse {
+
+class PagedSparseAttention final : public SequenceAttention {
+ public:
+  // Takes a request slot in `kv` (released by the destructor). `memory` must be the page memory
+  // `kv` was built on. Throws spin::Error on bad settings or a shape the store does not hold.
+  PagedSparseAttention(kv::KvManager& kv, const kv::HostPageMemory& memory,
+                       const AttentionShape& shape, const SparseSettings& settings,
+                       const AlgorithmRegistry& registry = AlgorithmRegistry::global());
+  ~PagedSparseAttention() override;
+  PagedSparseAttention(const PagedSparseAttention&) = delete;
+  PagedSparseAttention& operator=(const PagedSparseAttention&) = delete;
+
+  // Multi-token calls are prefill. A single-token call on a non-empty sequence is decode and
+  // ends the prefill first if the engine has not called finish_prefill.
+  void forward(int64_t layer, int64_t pos0, int64_t n, const float* q, const float* k,
+               const float* v, float* out) override;
+  int64_t length() const override { return length_; }
+
+  // Indexes the prompt's complete pages and offloads per the algorithm's placement.
+  void finish_prefill();
+  bool prefill_done() const { return prefill_done_; }
+
+  kv::RequestId request() const { return request_; }
+  const ResolvedSettings& settings() const { return settings_; }
+  const SparseAlgorithm& algorithm() const { return *algorithm_; }
+  // Accounting of the latest decode step (all layers).
+  const StepBudget& last_step() const { return last_step_; }
+
+ private:
+  class DevicePages;
+  void prefill_attention(uint32_t layer, uint32_t pos0, uint32_t n, const float* q, float* out);
+  void decode_attention(uint32_t layer, uint32_t pos, const float* q, float* out);
+  void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page);
+
+  kv::KvManager& kv_;
+  const kv::HostPageMemory& memory_;
+  AttentionShape shape_;
+  std::unique_ptr<SparseAlgorithm> algorithm_;
+  ResolvedSettings settings_;
+  std::unique_ptr<DevicePages> reader_;
+  kv::RequestId request_;
+  int64_t length_ = 0;
+  bool prefill_done_ = false;
+  uint64_t step_ = 0;
+  StepBudget last_step_;
+  // Scratch reused across layers.
+  kv::LayerSelection selected_;
+  kv::LayerSelection attended_;
+  std::vector<kv::PageId> device_pages_;
+};
+
+}  // namespace spin::sparse

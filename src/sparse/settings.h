@@ -1,0 +1,60 @@
+#pragma once
+// Per-request sparse-attention settings, and their resolution against the KV store and the
+// algorithm's published defaults into the concrete numbers the pipeline runs with.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "kv/kv_manager.h"
+#include "model/attention.h"
+
+namespace spin::sparse {
+
+struct SparseSettings {
+  std::string algorithm = "dense";  // a name in AlgorithmRegistry
+  // Selection budget per KV head and step, in tokens; sinks and the recent window come on top.
+  uint32_t budget_tokens = 2048;
+  // When > 0: the budget is this fraction (0, 1] of the tokens in context at each step, and
+  // budget_tokens is ignored.
+  double budget_fraction = 0.0;
+  uint32_t page_size = 0;  // partition size in tokens; 0 = the store's page size (must match)
+  // Always-attended tokens at the start (sinks) and complete pages before the page being written
+  // (window), multiples of the page size. Default: the store's always-resident pages.
+  std::optional<uint32_t> sink_tokens = std::nullopt;
+  std::optional<uint32_t> window_tokens = std::nullopt;
+  // Leading layers that attend densely. Default: the algorithm's (Quest: 2).
+  std::optional<uint32_t> first_dense_layers = std::nullopt;
+};
+
+// Where a request's KV lives once its prefill is done.
+enum class Placement : uint8_t {
+  Device,   // never offloaded: every page stays on the device tier (the dense baseline)
+  Offload,  // host tier holds all; device keeps the working set + buffer (sparse algorithms)
+  Stream,   // host tier holds all; each layer's pages are fetched per step and dropped after
+};
+
+// What an algorithm declares about itself (its published defaults).
+struct AlgorithmTraits {
+  Placement placement = Placement::Offload;
+  uint32_t first_dense_layers = 0;
+  uint32_t min_selected_pages = 0;  // selection never goes below this many pages (Quest: 3)
+};
+
+struct ResolvedSettings {
+  std::string algorithm;
+  AlgorithmTraits traits;
+  uint32_t page_size = 0;
+  uint32_t budget_tokens = 0;   // used when budget_fraction == 0
+  double budget_fraction = 0.0;
+  uint32_t sink_pages = 0;
+  uint32_t window_pages = 0;
+  uint32_t first_dense_layers = 0;
+  // Pages the selection may take at a step with `context_tokens` tokens in context.
+  uint32_t budget_pages(uint32_t context_tokens) const;
+};
+
+// Throws spin::Error naming the offending setting.
+ResolvedSettings resolve_settings(const SparseSettings& settings, const AlgorithmTraits& traits,
+                                  const AttentionShape& shape, const kv::KvConfig& store);
+
+}  // namespace spin::sparse

@@ -1,0 +1,345 @@
+// PagedSparseAttention on the two-tier store: exactness against ContiguousAttention (random
+// q/k/v and the tiny Transformer), placement of each baseline, budgets, settings errors, and an
+// algorithm defined in this file to show that adding one needs only its class + one registration.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "base/error.h"
+#include "model/contiguous_attention.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+#include "sparse/paged_sparse_attention.h"
+
+namespace {
+
+using spin::AttentionShape;
+using spin::sparse::PagedSparseAttention;
+using spin::sparse::SparseSettings;
+
+constexpr uint32_t kPage = 16;
+
+// A test-only algorithm: the newest candidate pages win. Its whole definition is here plus the
+// one registration line below.
+class NewestPagesAlgorithm final : public spin::sparse::SparseAlgorithm {
+ public:
+  spin::sparse::AlgorithmTraits traits() const override { return {}; }
+  void score_pages(const spin::sparse::SelectQuery& query, uint32_t,
+                   std::span<float> scores) const override {
+    for (uint32_t p = query.first_candidate; p < query.end_candidate; ++p)
+      scores[p - query.first_candidate] = static_cast<float>(p);
+  }
+};
+const spin::sparse::AlgorithmRegistrar kNewestRegistration(
+    "test-newest", [](const spin::sparse::AlgorithmContext&) {
+      return std::make_unique<NewestPagesAlgorithm>();
+    });
+
+double rel_error(const float* a, const float* b, size_t n) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    den += double{b[i]} * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// A KV store with room for `requests` sequences of max_context tokens, dense on the device.
+struct Store {
+  spin::kv::KvConfig config;
+  std::unique_ptr<spin::kv::HostPageMemory> memory;
+  std::unique_ptr<spin::kv::KvManager> kv;
+  Store(const AttentionShape& shape, uint32_t max_context, uint32_t requests = 1) {
+    config.layout = {static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
+                     static_cast<uint32_t>(shape.head_dim), kPage};
+    const uint32_t pages = config.layout.pages_for_tokens(max_context) * config.layout.streams() * requests;
+    config.device_pages = pages;
+    config.host_pages = pages;
+    config.max_batch = requests;
+    config.max_context = max_context;
+    memory = std::make_unique<spin::kv::HostPageMemory>(config.layout, pages, pages);
+    kv = std::make_unique<spin::kv::KvManager>(config, *memory);
+  }
+  std::unique_ptr<PagedSparseAttention> attention(const AttentionShape& shape,
+                                                  const SparseSettings& settings) {
+    return std::make_unique<PagedSparseAttention>(*kv, *memory, shape, settings);
+  }
+};
+
+const AttentionShape kShape{3, 8, 2, 16, 0.25f};  // GQA groups of 4
+
+// Random q/k/v for `n` tokens of every layer, fed to both attentions layer by layer.
+struct RandomFeed {
+  std::mt19937 rng{7};
+  std::normal_distribution<float> normal{0.0f, 1.0f};
+  std::vector<float> q, k, v, out_a, out_b;
+  // Returns the largest relative error of any layer's output.
+  double step(spin::SequenceAttention& a, spin::SequenceAttention& b, const AttentionShape& s,
+              int64_t pos0, int64_t n) {
+    const int64_t qw = s.n_heads * s.head_dim, kw = s.n_kv_heads * s.head_dim;
+    double worst = 0.0;
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+      q.resize(n * qw);
+      k.resize(n * kw);
+      v.resize(n * kw);
+      for (float& x : q) x = 1.5f * normal(rng);
+      for (float& x : k) x = 1.5f * normal(rng);
+      for (float& x : v) x = normal(rng);
+      out_a.assign(n * qw, 0.0f);
+      out_b.assign(n * qw, 0.0f);
+      a.forward(l, pos0, n, q.data(), k.data(), v.data(), out_a.data());
+      b.forward(l, pos0, n, q.data(), k.data(), v.data(), out_b.data());
+      for (float x : out_a) EXPECT_TRUE(std::isfinite(x));
+      worst = std::max(worst, rel_error(out_a.data(), out_b.data(), out_a.size()));
+    }
+    return worst;
+  }
+};
+
+// Chunked prefill of 150 tokens, then 40 decode steps (crossing pages, so pages are indexed and
+// slide out of the window during decode).
+double max_error_vs_dense(const SparseSettings& settings) {
+  Store store(kShape, 256);
+  auto paged = store.attention(kShape, settings);
+  spin::ContiguousAttention dense(kShape, 256);
+  RandomFeed feed;
+  double worst = 0.0;
+  int64_t pos = 0;
+  for (int64_t chunk : {64, 64, 22}) {
+    worst = std::max(worst, feed.step(*paged, dense, kShape, pos, chunk));
+    pos += chunk;
+  }
+  for (int i = 0; i < 40; ++i, ++pos) worst = std::max(worst, feed.step(*paged, dense, kShape, pos, 1));
+  EXPECT_EQ(paged->length(), pos);
+  return worst;
+}
+
+TEST(SparsePipeline, FullBudgetEqualsDenseOnRandomInputs) {
+  for (const char* name : {"dense", "dense-offload", "quest", "test-newest"}) {
+    SparseSettings s{.algorithm = name, .budget_fraction = 1.0};
+    EXPECT_LE(max_error_vs_dense(s), 1e-6) << name;
+    s.first_dense_layers = 0;  // every layer through Select
+    EXPECT_LE(max_error_vs_dense(s), 1e-6) << name << " without dense layers";
+  }
+}
+
+TEST(SparsePipeline, FullBudgetEqualsDenseThroughTheTransformer) {
+  const spin::ModelWeights weights =
+      spin::make_dummy_weights(spin::preset_config("tiny-llama"), 1234);
+  spin::Transformer model(weights);
+  const AttentionShape shape = model.attention_shape();
+  const int32_t vocab = static_cast<int32_t>(weights.config.vocab_size);
+  std::vector<int32_t> prompt(100);
+  std::mt19937 rng(5);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
+
+  // Greedy decode with each attention; every logit row compared with the dense reference.
+  auto run = [&](spin::SequenceAttention& attention, std::vector<std::vector<float>>& rows) {
+    std::vector<float> logits;
+    spin::SequenceChunk chunk{prompt, 0, &attention};
+    model.forward(std::span(&chunk, 1), false, logits);
+    rows.push_back(logits);
+    int64_t pos = static_cast<int64_t>(prompt.size());
+    for (int i = 0; i < 16; ++i, ++pos) {
+      const int32_t next =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      spin::SequenceChunk step{std::span(&next, 1), pos, &attention};
+      model.forward(std::span(&step, 1), false, logits);
+      rows.push_back(logits);
+    }
+  };
+  std::vector<std::vector<float>> expected;
+  spin::ContiguousAttention dense(shape, 256);
+  run(dense, expected);
+
+  for (const char* name : {"dense", "dense-offload", "quest", "test-newest"}) {
+    for (uint32_t first_dense : {0u, 2u}) {
+      Store store(shape, 256);
+      auto paged = store.attention(
+          shape, {.algorithm = name, .budget_fraction = 1.0, .first_dense_layers = first_dense});
+      std::vector<std::vector<float>> got;
+      run(*paged, got);
+      ASSERT_EQ(got.size(), expected.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_LE(rel_error(got[i].data(), expected[i].data(), got[i].size()), 1e-6)
+            << name << " step " << i << " first dense " << first_dense;
+      }
+      EXPECT_TRUE(paged->prefill_done());
+    }
+  }
+}
+
+// Feeds a prefill of `prompt` tokens and `steps` decode steps of random q/k/v.
+void drive(PagedSparseAttention& a, const AttentionShape& s, int64_t prompt, int steps,
+           const std::function<void(int64_t pos)>& after_step = {}) {
+  spin::ContiguousAttention dense(s, prompt + steps);
+  RandomFeed feed;
+  feed.step(a, dense, s, 0, prompt);
+  for (int i = 0; i < steps; ++i) {
+    feed.step(a, dense, s, prompt + i, 1);
+    if (after_step) after_step(prompt + i);
+  }
+}
+
+TEST(SparsePipeline, DenseKeepsEverythingOnTheDevice) {
+  Store store(kShape, 256);
+  auto a = store.attention(kShape, {.algorithm = "dense"});
+  drive(*a, kShape, 100, 20);
+  EXPECT_FALSE(store.kv->offloaded(a->request()));
+  EXPECT_EQ(store.kv->counters(a->request()).h2d_pages, 0u);
+  EXPECT_EQ(store.kv->counters(a->request()).d2h_pages, 0u);
+  EXPECT_EQ(store.kv->device_pool().num_used(), store.config.layout.pages_for_tokens(120) * 6u);
+}
+
+TEST(SparsePipeline, DenseOffloadFetchesEveryNonResidentPageEachStep) {
+  Store store(kShape, 256);
+  auto a = store.attention(kShape, {.algorithm = "dense-offload"});
+  const auto request = a->request();
+  const uint32_t streams = store.config.layout.streams();
+  uint64_t h2d_before = 0;
+  drive(*a, kShape, 100, 20, [&](int64_t pos) {
+    // Every page but the always-resident ones (1 sink, 2 window, the current) crosses over,
+    // except, on a page's first token, the page that just left the window: it was resident.
+    const uint32_t pages = static_cast<uint32_t>(pos / kPage + 1);
+    const uint32_t pinned = std::min(pages, 1u + std::min(pages - 1, 3u));
+    const uint32_t just_left_window = pos % kPage == 0 && pages > 4 ? 1 : 0;
+    const uint64_t h2d = store.kv->counters(request).h2d_pages;
+    EXPECT_EQ(h2d - h2d_before, uint64_t{pages - pinned - just_left_window} * streams)
+        << "position " << pos;
+    h2d_before = h2d;
+    // After the step only always-resident pages stay on the device.
+    for (uint32_t l = 0; l < kShape.n_layers; ++l)
+      EXPECT_EQ(store.kv->resident_pages(request, l, 0).size(), pinned);
+  });
+  EXPECT_TRUE(store.kv->offloaded(request));
+}
+
+TEST(SparsePipeline, SmallBudgetIsRespectedAndReportedApart) {
+  const uint32_t prompt = 512;
+  Store store(kShape, 640);
+  auto a = store.attention(kShape, {.algorithm = "quest", .budget_fraction = 1.0 / 8});
+  const uint32_t sparse_layers = kShape.n_layers - 2;  // Quest: first 2 layers dense
+  drive(*a, kShape, prompt, 24, [&](int64_t pos) {
+    const auto& b = a->last_step();
+    const uint32_t tokens = static_cast<uint32_t>(pos + 1);
+    const uint32_t current = pos / kPage;
+    EXPECT_EQ(b.context_tokens, tokens);
+    EXPECT_EQ(b.budget_tokens, tokens / 8 / kPage * kPage);  // ≥ 3 pages at this length
+    EXPECT_EQ(b.sparse_heads, sparse_layers * 2u);
+    EXPECT_EQ(b.max_selected_per_head, b.budget_tokens);
+    EXPECT_EQ(b.selected_tokens, uint64_t{b.budget_tokens} * b.sparse_heads);
+    // 1 sink page; window: 2 complete pages before the current one, and the current one's tokens.
+    EXPECT_EQ(b.sink_tokens, uint64_t{kPage} * b.sparse_heads);
+    EXPECT_EQ(b.window_tokens, uint64_t{2 * kPage + (tokens - current * kPage)} * b.sparse_heads);
+    EXPECT_EQ(b.dense_layer_tokens, uint64_t{tokens} * 2 * 2);
+    // The device keeps the working set: sinks, window, current and this step's selection.
+    const uint32_t working = 1 + 3 + b.budget_tokens / kPage;
+    EXPECT_LE(store.kv->resident_pages(a->request(), 2, 0).size(), working);
+  });
+  EXPECT_TRUE(store.kv->offloaded(a->request()));
+}
+
+// The test algorithm at a small budget attends exactly sink + newest candidates + window:
+// checked against attention computed directly over those positions.
+TEST(SparsePipeline, SmallBudgetAttendsExactlyTheSelectedPages) {
+  const AttentionShape s{1, 4, 2, 16, 0.25f};
+  const int64_t prompt = 200;
+  Store store(s, 256);
+  auto a = store.attention(s, {.algorithm = "test-newest", .budget_tokens = 2 * kPage});
+  spin::ContiguousAttention unused(s, 256);
+  RandomFeed feed;
+  std::vector<float> all_k, all_v;  // [pos][kv_head][d]
+  auto record = [&](int64_t n) {
+    all_k.insert(all_k.end(), feed.k.begin(), feed.k.begin() + n * 32);
+    all_v.insert(all_v.end(), feed.v.begin(), feed.v.begin() + n * 32);
+  };
+  feed.step(*a, unused, s, 0, prompt);
+  record(prompt);
+  for (int64_t pos = prompt; pos < prompt + 10; ++pos) {
+    feed.step(*a, unused, s, pos, 1);
+    record(1);
+    // Attended pages: sink 0, the two newest candidates, window (2 pages) and the current page.
+    const int64_t current = pos / kPage;
+    std::set<int64_t> pages{0, current - 4, current - 3, current - 2, current - 1, current};
+    for (int64_t h = 0; h < 4; ++h) {
+      const int64_t g = h / 2;
+      std::vector<double> scores, out(16, 0.0);
+      std::vector<int64_t> positions;
+      for (int64_t p : pages)
+        for (int64_t t = p * kPage; t < std::min((p + 1) * kPage, pos + 1); ++t) positions.push_back(t);
+      double max_score = -1e300;
+      for (int64_t t : positions) {
+        double dot = 0.0;
+        for (int d = 0; d < 16; ++d) dot += double{feed.q[h * 16 + d]} * all_k[(t * 2 + g) * 16 + d];
+        scores.push_back(dot * 0.25);
+        max_score = std::max(max_score, scores.back());
+      }
+      double sum = 0.0;
+      for (double& x : scores) sum += (x = std::exp(x - max_score));
+      for (size_t i = 0; i < positions.size(); ++i)
+        for (int d = 0; d < 16; ++d) out[d] += scores[i] / sum * all_v[(positions[i] * 2 + g) * 16 + d];
+      for (int d = 0; d < 16; ++d)
+        EXPECT_NEAR(feed.out_a[h * 16 + d], out[d], 1e-5) << "position " << pos << " head " << h;
+    }
+  }
+}
+
+TEST(SparsePipeline, RegistryListsAlgorithmsAndRejectsUnknownOrDuplicateNames) {
+  auto& registry = spin::sparse::AlgorithmRegistry::global();
+  for (const char* name : {"dense", "dense-offload", "quest", "test-newest"})
+    EXPECT_TRUE(registry.contains(name)) << name;
+  Store store(kShape, 64);
+  try {
+    store.attention(kShape, {.algorithm = "nope"});
+    FAIL() << "unknown algorithm accepted";
+  } catch (const spin::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown sparse algorithm 'nope'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("dense-offload"), std::string::npos);
+  }
+  EXPECT_THROW(registry.add("quest", [](const spin::sparse::AlgorithmContext&) {
+                 return std::make_unique<NewestPagesAlgorithm>();
+               }),
+               spin::Error);
+  EXPECT_EQ(store.kv->num_active_requests(), 0u);
+}
+
+TEST(SparsePipeline, BadSettingsGiveClearErrors) {
+  Store store(kShape, 64);
+  auto expect_error = [&](const SparseSettings& s, const std::string& text) {
+    try {
+      store.attention(kShape, s);
+      ADD_FAILURE() << "accepted settings that should fail with: " << text;
+    } catch (const spin::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_error({.algorithm = "quest", .budget_tokens = 0}, "token budget must be > 0");
+  expect_error({.algorithm = "quest", .budget_fraction = 1.5}, "budget fraction 1.5");
+  expect_error({.algorithm = "quest", .budget_fraction = -0.1}, "budget fraction");
+  expect_error({.algorithm = "quest", .page_size = 32}, "page size 32");
+  expect_error({.algorithm = "quest", .sink_tokens = 10}, "sink tokens (10 tokens)");
+  expect_error({.algorithm = "quest", .window_tokens = 17}, "window tokens");
+  expect_error({.algorithm = "quest", .first_dense_layers = 4}, "4 first dense layers");
+  const AttentionShape other{3, 8, 4, 16, 0.25f};
+  EXPECT_THROW(store.attention(other, {}), spin::Error);
+  EXPECT_EQ(store.kv->num_active_requests(), 0u);
+}
+
+TEST(SparsePipeline, RejectsMisorderedCalls) {
+  Store store(kShape, 64);
+  auto a = store.attention(kShape, {.algorithm = "quest"});
+  std::vector<float> q(8 * 16 * 4), k(2 * 16 * 4), v(2 * 16 * 4), out(8 * 16 * 4);
+  EXPECT_THROW(a->forward(0, 3, 1, q.data(), k.data(), v.data(), out.data()), spin::Error);
+  EXPECT_THROW(a->forward(1, 0, 1, q.data(), k.data(), v.data(), out.data()), spin::Error);
+  for (int64_t l = 0; l < 3; ++l) a->forward(l, 0, 4, q.data(), k.data(), v.data(), out.data());
+  a->finish_prefill();
+  EXPECT_THROW(a->forward(0, 4, 2, q.data(), k.data(), v.data(), out.data()), spin::Error);
+  EXPECT_THROW(a->forward(0, 4, 61, q.data(), k.data(), v.data(), out.data()), spin::Error);
+}
+
+}  // namespace
