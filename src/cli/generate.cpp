@@ -1,6 +1,7 @@
 // `spin generate`: one prompt in, streamed text out, then a one-line speed summary.
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -55,7 +56,11 @@ void run_generate(const GenerateArgs& a) {
   SPIN_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
   SPIN_CHECK(!(a.chat && !a.prompt_ids.empty()), "--chat needs --prompt (text), not --prompt-ids");
   cpu::set_num_threads(a.threads);
+  const auto t_load = std::chrono::steady_clock::now();
   LoadedModel model = load_model(a.load);
+  std::fprintf(stderr, "[spin] loaded %s: %.1fM parameters in %.2f s\n", model.name.c_str(),
+               model.weights.config.parameter_count() / 1e6,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count());
   const Tokenizer* tokenizer = model.tokenizer.get();
   const std::vector<int32_t> prompt = build_prompt(a, tokenizer);
 
