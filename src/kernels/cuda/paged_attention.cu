@@ -1,0 +1,382 @@
+#include "kernels/cuda/paged_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace spin::cuda {
+
+namespace {
+
+// A block is kWarps warps; each warp walks tiles of 16 tokens (two 8-token row groups) with
+// tensor-core products:
+//   S^T[16 tok x 8 q]  = K[16 tok x 16 d] * Q^T[16 d x 8 q]      (mma m16n8k16, per 16 dims)
+//   O^T[16 d x 8 q]   += V^T[16 d x 16 tok] * P^T[16 tok x 8 q]   (per 16 output dims)
+// Each thread loads 16 contiguous bytes of a K or V row straight into registers. The sum over
+// head dims does not care about order, so Q is loaded with the same dim permutation as K; V
+// reaches the A-operand layout through movmatrix (an in-register 8x8 transpose), as does P.
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = 16;
+constexpr int kSplitQuantum = kWarps * kTile;  // tokens_per_split is a multiple of this
+constexpr int kMaxGroup = 8;
+constexpr int kMaxSplits = 1024;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ uint4 load_stream(const void* ptr) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(ptr));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t component(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
+
+// Registers of one 16-token tile for one thread: row group rr (tokens r and r+8), 32-dim chunk c,
+// 8 consecutive dims c*32 + t4*8 .. +8.
+template <int D>
+struct Tile {
+  uint4 k[2][D / 32];
+  uint4 v[2][D / 32];
+};
+
+// Output dim held by O^T fragment row m (0..15) of 32-dim chunk c and pair jp (see the kernel).
+__device__ __forceinline__ int out_dim(int c, int jp, int m) {
+  const int mm = m & 7;
+  return c * 32 + (mm >> 1) * 8 + 4 * jp + ((m >> 3) << 1) + (mm & 1);
+}
+
+template <int D, typename OutT>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits, OutT* out,
+                        float* ws_out, float2* ws_ml) {
+  const int item = blockIdx.x;
+  const int split = blockIdx.y;
+  const int n_tok = p.num_tokens[item];
+  const int t_begin = split * tokens_per_split;
+  if (split > 0 && t_begin >= n_tok) return;  // the merge counts only splits with tokens
+  const int t_end = min(n_tok, t_begin + tokens_per_split);
+
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int r = lane >> 2;  // mma group id: token row, query column or dim row
+  const int t4 = lane & 3;  // thread in group
+  const int ps = p.page_size;
+  const size_t page_elems = static_cast<size_t>(2) * ps * D;
+  const int32_t* ids = p.page_ids + p.list_offsets[item];
+  const int seq = item / p.num_kv_heads;
+  const int kv_head = item - seq * p.num_kv_heads;
+  const int num_q_heads = p.num_kv_heads * p.group;
+  const __nv_bfloat16* q_base =
+      p.q + (static_cast<size_t>(seq) * num_q_heads + static_cast<size_t>(kv_head) * p.group) * D;
+
+  // Q^T as the B operand: query r, dims c*32 + t4*8 .. +8 (same permutation as K).
+  uint4 qf[D / 32];
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c) {
+    qf[c] = r < p.group ? *reinterpret_cast<const uint4*>(q_base + r * D + c * 32 + t4 * 8)
+                        : make_uint4(0, 0, 0, 0);
+  }
+
+  auto load = [&](Tile<D>& t, int tb) {
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int tok = tb + r + rr * 8;
+      if (tok < t_end) {
+        const int page_idx = tok / ps;
+        const int slot = tok - page_idx * ps;
+        const __nv_bfloat16* kp =
+            p.kv_pool + static_cast<size_t>(ids[page_idx]) * page_elems + slot * D + t4 * 8;
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          t.k[rr][c] = load_stream(kp + c * 32);
+          t.v[rr][c] = load_stream(kp + ps * D + c * 32);
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < D / 32; ++c) {
+          t.k[rr][c] = make_uint4(0, 0, 0, 0);
+          t.v[rr][c] = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  };
+
+  const float scale_log2 = p.scale * kLog2e;
+  float m_run[2] = {-INFINITY, -INFINITY};  // per query column t4*2+e, log2 domain
+  float l_run[2] = {0.0f, 0.0f};            // this thread's partial sums
+  float o[D / 32][2][4];                    // O^T fragments: chunk c, pair jp
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[c][jp][i] = 0.0f;
+
+  auto compute = [&](const Tile<D>& t, int tb) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        mma_bf16(s, component(t.k[0][c], 2 * h), component(t.k[1][c], 2 * h),
+                 component(t.k[0][c], 2 * h + 1), component(t.k[1][c], 2 * h + 1),
+                 component(qf[c], 2 * h), component(qf[c], 2 * h + 1));
+    // s[e]: token tb+r, query t4*2+e; s[2+e]: token tb+r+8.
+    const bool valid0 = tb + r < t_end;
+    const bool valid1 = tb + r + 8 < t_end;
+    float pr[4];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float s0 = valid0 ? s[e] * scale_log2 : -INFINITY;
+      const float s1 = valid1 ? s[2 + e] * scale_log2 : -INFINITY;
+      float mx = fmaxf(s0, s1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m_run[e], mx);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = exp2f(m_run[e] - m_use);
+      pr[e] = exp2f(s0 - m_use);
+      pr[2 + e] = exp2f(s1 - m_use);
+      l_run[e] = l_run[e] * alpha + pr[e] + pr[2 + e];
+      m_run[e] = m_new;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+        for (int jp = 0; jp < 2; ++jp) {
+          o[c][jp][e] *= alpha;
+          o[c][jp][2 + e] *= alpha;
+        }
+    }
+    // P^T as the B operand: tokens (lane%4)*2.. (+8), query lane/4.
+    const uint32_t b0 = transpose8x8(pack_bf16(pr[0], pr[1]));
+    const uint32_t b1 = transpose8x8(pack_bf16(pr[2], pr[3]));
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp)
+        mma_bf16(o[c][jp], transpose8x8(component(t.v[0][c], 2 * jp)),
+                 transpose8x8(component(t.v[0][c], 2 * jp + 1)),
+                 transpose8x8(component(t.v[1][c], 2 * jp)),
+                 transpose8x8(component(t.v[1][c], 2 * jp + 1)), b0, b1);
+  };
+
+  constexpr int stride = kWarps * kTile;
+  Tile<D> cur;
+  Tile<D> nxt;
+  int tb = t_begin + warp * kTile;
+  if (tb < t_end) load(cur, tb);
+  for (; tb < t_end; tb += stride) {
+    if (tb + stride < t_end) load(nxt, tb + stride);
+    compute(cur, tb);
+    cur = nxt;
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 8);
+    l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 16);
+  }
+
+  // Combine the warps' states in shared memory.
+  __shared__ float sm_m[kWarps][kMaxGroup];
+  __shared__ float sm_l[kWarps][kMaxGroup];
+  __shared__ float sm_o[kWarps][kMaxGroup][D];
+  if (r == 0) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      sm_m[warp][t4 * 2 + e] = m_run[e];
+      sm_l[warp][t4 * 2 + e] = l_run[e];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = r + (i >> 1) * 8;
+        sm_o[warp][t4 * 2 + (i & 1)][out_dim(c, jp, m)] = o[c][jp][i];
+      }
+  __syncthreads();
+
+  const int group = p.group;
+  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
+    const int qi = idx / D;
+    const int d = idx - qi * D;
+    float m_max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_max = fmaxf(m_max, sm_m[w][qi]);
+    const float m_use = m_max == -INFINITY ? 0.0f : m_max;
+    float acc = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wt = exp2f(sm_m[w][qi] - m_use);
+      acc += wt * sm_o[w][qi][d];
+      sum += wt * sm_l[w][qi];
+    }
+    if (num_splits == 1) {
+      const size_t row = static_cast<size_t>(seq) * num_q_heads + kv_head * group + qi;
+      out[row * D + d] = from_float<OutT>(sum > 0.0f ? acc / sum : 0.0f);
+    } else {
+      const size_t slot = (static_cast<size_t>(item) * num_splits + split) * group + qi;
+      ws_out[slot * D + d] = acc;
+      if (d == 0) ws_ml[slot] = make_float2(m_max, sum);
+    }
+  }
+}
+
+// One block per item: weights per (query, split) in shared memory, then a weighted sum.
+template <int D, typename OutT>
+__global__ void __launch_bounds__(kThreads)
+    paged_decode_merge_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits,
+                              OutT* out, const float* ws_out, const float2* ws_ml) {
+  extern __shared__ float weights[];  // [group][num_splits]
+  const int item = blockIdx.x;
+  const int n_tok = p.num_tokens[item];
+  const int used = max(1, (n_tok + tokens_per_split - 1) / tokens_per_split);
+  const int group = p.group;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const float2* ml = ws_ml + static_cast<size_t>(item) * num_splits * group;
+  for (int qi = warp; qi < group; qi += kWarps) {
+    float m_max = -INFINITY;
+    for (int s = lane; s < used; s += 32) m_max = fmaxf(m_max, ml[s * group + qi].x);
+    for (int off = 16; off > 0; off >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, off));
+    const float m_use = m_max == -INFINITY ? 0.0f : m_max;
+    float sum = 0.0f;
+    for (int s = lane; s < used; s += 32) {
+      const float2 v = ml[s * group + qi];
+      const float wt = exp2f(v.x - m_use);
+      weights[qi * num_splits + s] = wt;
+      sum += wt * v.y;
+    }
+    for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int s = lane; s < used; s += 32) weights[qi * num_splits + s] *= inv;
+  }
+  __syncthreads();
+  const int seq = item / p.num_kv_heads;
+  const int kv_head = item - seq * p.num_kv_heads;
+  const size_t row0 = static_cast<size_t>(seq) * p.num_kv_heads * group + kv_head * group;
+  const float* src = ws_out + static_cast<size_t>(item) * num_splits * group * D;
+  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
+    const int qi = idx / D;
+    float acc = 0.0f;
+    for (int s = 0; s < used; ++s) acc += weights[qi * num_splits + s] * src[s * group * D + idx];
+    out[row0 * D + idx] = from_float<OutT>(acc);
+  }
+}
+
+bool valid_shape(const PagedDecodeParams& p) {
+  return p.num_seqs >= 0 && p.num_kv_heads > 0 && p.group >= 1 && p.group <= kMaxGroup &&
+         (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 && p.page_size <= 64 &&
+         p.page_size % 8 == 0 && p.max_tokens >= 0 && p.tokens_per_split >= 0 &&
+         p.tokens_per_split % kSplitQuantum == 0 &&
+         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX;
+}
+
+int tokens_per_split(const PagedDecodeParams& p) {
+  if (p.tokens_per_split > 0) return p.tokens_per_split;
+  int sms = 132;
+  int device = 0;
+  if (cudaGetDevice(&device) == cudaSuccess)
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  // About four waves of blocks when the items alone are too few, but at least four tiles per
+  // warp so each warp keeps loads in flight for a while.
+  const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
+  const int64_t target_blocks = static_cast<int64_t>(sms) * 16;
+  const int64_t splits = std::max<int64_t>(1, (target_blocks + items - 1) / items);
+  int64_t tps = (p.max_tokens + splits - 1) / splits;
+  tps = (tps + kSplitQuantum - 1) / kSplitQuantum * kSplitQuantum;
+  tps = std::max<int64_t>(tps, 4 * kSplitQuantum);
+  tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
+  tps = (tps + kSplitQuantum - 1) / kSplitQuantum * kSplitQuantum;
+  return static_cast<int>(tps);
+}
+
+template <int D, typename OutT>
+cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  const int tps = tokens_per_split(p);
+  const int splits = paged_decode_splits(p);
+  if (workspace_bytes < paged_decode_workspace_bytes(p)) return cudaErrorInvalidValue;
+  const int items = p.num_seqs * p.num_kv_heads;
+  if (items == 0) return cudaSuccess;
+  if (splits > kMaxSplits) return cudaErrorInvalidValue;
+  const size_t item_splits = static_cast<size_t>(items) * splits * p.group;
+  float* ws_out = splits > 1 ? static_cast<float*>(workspace) : nullptr;
+  float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
+  paged_decode_kernel<D, OutT><<<dim3(items, splits), kThreads, 0, stream>>>(p, tps, splits, out,
+                                                                               ws_out, ws_ml);
+  if (splits == 1) return cudaGetLastError();
+  const size_t smem = static_cast<size_t>(p.group) * splits * sizeof(float);
+  paged_decode_merge_kernel<D, OutT>
+      <<<items, kThreads, smem, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+  return cudaGetLastError();
+}
+
+template <typename OutT>
+cudaError_t dispatch(const PagedDecodeParams& p, OutT* out, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream) {
+  if (!valid_shape(p)) return cudaErrorInvalidValue;
+  if (p.head_dim == 64) return launch<64>(p, out, workspace, workspace_bytes, stream);
+  return launch<128>(p, out, workspace, workspace_bytes, stream);
+}
+
+}  // namespace
+
+int paged_decode_splits(const PagedDecodeParams& p) {
+  if (!valid_shape(p)) return 1;
+  const int tps = tokens_per_split(p);
+  return std::max(1, (p.max_tokens + tps - 1) / tps);
+}
+
+size_t paged_decode_workspace_bytes(const PagedDecodeParams& p) {
+  const int splits = paged_decode_splits(p);
+  if (splits == 1) return 0;
+  const size_t slots = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * splits * p.group;
+  return slots * (static_cast<size_t>(p.head_dim) * sizeof(float) + sizeof(float2));
+}
+
+cudaError_t paged_decode_attention(const PagedDecodeParams& p, __nv_bfloat16* out,
+                                   void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return dispatch(p, out, workspace, workspace_bytes, stream);
+}
+
+cudaError_t paged_decode_attention(const PagedDecodeParams& p, float* out, void* workspace,
+                                   size_t workspace_bytes, cudaStream_t stream) {
+  return dispatch(p, out, workspace, workspace_bytes, stream);
+}
+
+}  // namespace spin::cuda
