@@ -22,12 +22,29 @@ constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ uint4 load_stream(const void* ptr) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(ptr));
-  return v;
+// Loads run through a ring of kStages tiles in shared memory (cp.async): each thread copies its
+// own 16-byte pieces and later reads back only those, so no barrier is needed, and a warp keeps
+// kStages - 1 tiles (8 KB each at d=128) in flight while it computes on one. Registers no longer
+// bound the bytes in flight; shared memory does (2 blocks of 4 warps per SM at d=128).
+template <int D>
+constexpr int kStages = D == 128 ? 3 : 4;
+template <int D>
+constexpr int kChunks = D / 8;  // 16-byte pieces per thread per tile (K and V, two token rows)
+template <int D>
+constexpr size_t kSmemBytes = static_cast<size_t>(kWarps) * kStages<D> * kChunks<D> * 32 * 16;
+
+// 16-byte global->shared copy that bypasses L1; src_bytes 0 writes zeros without reading.
+__device__ __forceinline__ void copy_async(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
@@ -106,28 +123,40 @@ __global__ void __launch_bounds__(kThreads)
                         : make_uint4(0, 0, 0, 0);
   }
 
-  auto load = [&](Tile<D>& t, int tb) {
+  extern __shared__ __align__(16) uint4 ring[];  // [warp][stage][chunk][lane]
+  uint4* my_ring = ring + static_cast<size_t>(warp) * kStages<D> * kChunks<D> * 32 + lane;
+  const uint32_t my_ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(my_ring));
+  // Chunk order in the ring: (rr, c, K/V) -> (rr * D/32 + c) * 2 + kv.
+  auto issue = [&](int tb, int stage) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int tok = tb + r + rr * 8;
-      if (tok < t_end) {
+      const bool valid = tok < t_end;
+      const __nv_bfloat16* kp = p.kv_pool;
+      if (valid) {
         const int page_idx = tok / ps;
         const int slot = tok - page_idx * ps;
-        const __nv_bfloat16* kp =
-            p.kv_pool + static_cast<size_t>(ids[page_idx]) * page_elems + slot * D + t4 * 8;
+        kp += static_cast<size_t>(ids[page_idx]) * page_elems + slot * D + t4 * 8;
+      }
 #pragma unroll
-        for (int c = 0; c < D / 32; ++c) {
-          t.k[rr][c] = load_stream(kp + c * 32);
-          t.v[rr][c] = load_stream(kp + ps * D + c * 32);
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < D / 32; ++c) {
-          t.k[rr][c] = make_uint4(0, 0, 0, 0);
-          t.v[rr][c] = make_uint4(0, 0, 0, 0);
-        }
+      for (int c = 0; c < D / 32; ++c) {
+        const int j = (rr * (D / 32) + c) * 2;
+        const uint32_t dst = my_ring_addr + ((stage * kChunks<D> + j) * 32) * 16;
+        copy_async(dst, kp + (valid ? c * 32 : 0), valid ? 16 : 0);
+        copy_async(dst + 32 * 16, kp + (valid ? ps * D + c * 32 : 0), valid ? 16 : 0);
       }
     }
+  };
+  auto read = [&](Tile<D>& t, int stage) {
+    const uint4* src = my_ring + stage * kChunks<D> * 32;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const int j = (rr * (D / 32) + c) * 2;
+        t.k[rr][c] = src[j * 32];
+        t.v[rr][c] = src[(j + 1) * 32];
+      }
   };
 
   const float scale_log2 = p.scale * kLog2e;
@@ -191,15 +220,26 @@ __global__ void __launch_bounds__(kThreads)
   };
 
   constexpr int stride = kWarps * kTile;
-  Tile<D> cur;
-  Tile<D> nxt;
-  int tb = t_begin + warp * kTile;
-  if (tb < t_end) load(cur, tb);
-  for (; tb < t_end; tb += stride) {
-    if (tb + stride < t_end) load(nxt, tb + stride);
-    compute(cur, tb);
-    cur = nxt;
+  constexpr int stages = kStages<D>;
+  const int first = t_begin + warp * kTile;
+#pragma unroll
+  for (int st = 0; st < stages - 1; ++st) {
+    if (first + st * stride < t_end) issue(first + st * stride, st);
+    copy_async_commit();
   }
+  int stage = 0;
+  for (int tb = first; tb < t_end; tb += stride) {
+    copy_async_wait<stages - 2>();  // this warp's tile at tb has landed
+    Tile<D> cur;
+    read(cur, stage);
+    // Refill the stage read one iteration ago (its values were consumed by that compute).
+    const int ahead = tb + (stages - 1) * stride;
+    if (ahead < t_end) issue(ahead, stage == 0 ? stages - 1 : stage - 1);
+    copy_async_commit();
+    compute(cur, tb);
+    stage = stage == stages - 1 ? 0 : stage + 1;
+  }
+  copy_async_wait<0>();
 
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -211,7 +251,12 @@ __global__ void __launch_bounds__(kThreads)
   // Combine the warps' states in shared memory.
   __shared__ float sm_m[kWarps][kMaxGroup];
   __shared__ float sm_l[kWarps][kMaxGroup];
-  __shared__ float sm_o[kWarps][kMaxGroup][D];
+  // The per-warp outputs reuse the ring: each warp writes only its own part, after its loop.
+  static_assert(kMaxGroup * D * sizeof(float) <= kStages<D> * kChunks<D> * 32 * 16);
+  auto sm_o = [&](int w, int qi) {
+    return reinterpret_cast<float*>(ring + static_cast<size_t>(w) * kStages<D> * kChunks<D> * 32) +
+           qi * D;
+  };
   if (r == 0) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -226,7 +271,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int m = r + (i >> 1) * 8;
-        sm_o[warp][t4 * 2 + (i & 1)][out_dim(c, jp, m)] = o[c][jp][i];
+        sm_o(warp, t4 * 2 + (i & 1))[out_dim(c, jp, m)] = o[c][jp][i];
       }
   __syncthreads();
 
@@ -242,7 +287,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float wt = exp2f(sm_m[w][qi] - m_use);
-      acc += wt * sm_o[w][qi][d];
+      acc += wt * sm_o(w, qi)[d];
       sum += wt * sm_l[w][qi];
     }
     if (num_splits == 1) {
@@ -306,22 +351,40 @@ bool valid_shape(const PagedDecodeParams& p) {
          static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX;
 }
 
+// Blocks of the kernel for head dim D that fit on one SM (shared memory bounds it), and lets the
+// kernel use that much dynamic shared memory. Computed once per instantiation.
+template <int D>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int n = 0;
+    if (cudaFuncSetAttribute(paged_decode_kernel<D, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kSmemBytes<D>)) != cudaSuccess ||
+        cudaFuncSetAttribute(paged_decode_kernel<D, __nv_bfloat16>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kSmemBytes<D>)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_decode_kernel<D, float>, kThreads,
+                                                      kSmemBytes<D>) != cudaSuccess)
+      n = 0;
+    return n;
+  }();
+  return blocks;
+}
+
 int tokens_per_split(const PagedDecodeParams& p) {
   if (p.tokens_per_split > 0) return p.tokens_per_split;
   int sms = 132;
   int device = 0;
   if (cudaGetDevice(&device) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  // About four waves of blocks when the items alone are too few, but at least four tiles per
-  // warp so each warp keeps loads in flight for a while.
+  const int per_sm = std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
+  // Split only as far as one wave of resident blocks: every block then streams from start to end
+  // with no tail wave, and no block pays its start-up (query load, first-tile latency) twice.
+  const int64_t wave = static_cast<int64_t>(sms) * per_sm;
   const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
-  const int64_t target_blocks = static_cast<int64_t>(sms) * 16;
-  const int64_t splits = std::max<int64_t>(1, (target_blocks + items - 1) / items);
+  const int64_t splits = std::max<int64_t>(1, wave / items);
   int64_t tps = (p.max_tokens + splits - 1) / splits;
-  tps = (tps + kSplitQuantum - 1) / kSplitQuantum * kSplitQuantum;
-  tps = std::max<int64_t>(tps, 4 * kSplitQuantum);
   tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
-  tps = (tps + kSplitQuantum - 1) / kSplitQuantum * kSplitQuantum;
+  tps = std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
   return static_cast<int>(tps);
 }
 
@@ -337,8 +400,9 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   const size_t item_splits = static_cast<size_t>(items) * splits * p.group;
   float* ws_out = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
-  paged_decode_kernel<D, OutT><<<dim3(items, splits), kThreads, 0, stream>>>(p, tps, splits, out,
-                                                                               ws_out, ws_ml);
+  if (blocks_per_sm<D>() == 0) return cudaErrorInvalidConfiguration;  // also sets the smem limit
+  paged_decode_kernel<D, OutT><<<dim3(items, splits), kThreads, kSmemBytes<D>, stream>>>(
+      p, tps, splits, out, ws_out, ws_ml);
   if (splits == 1) return cudaGetLastError();
   const size_t smem = static_cast<size_t>(p.group) * splits * sizeof(float);
   paged_decode_merge_kernel<D, OutT>
