@@ -139,7 +139,7 @@ struct AttentionRun {
 };
 
 AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const Workload& w,
-                           int tokens_per_split) {
+                           int tokens_per_split, int load_path = -1) {
   spin::cuda::PagedDecodeParams p;
   p.kv_pool = pool;
   p.num_seqs = w.num_seqs;
@@ -150,6 +150,7 @@ AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const
   p.max_tokens = w.tokens;
   p.scale = 1.0f / std::sqrt(128.0f);
   p.tokens_per_split = tokens_per_split;
+  p.load_path = load_path;
   const size_t ws_bytes = spin::cuda::paged_decode_workspace_bytes(p);
   void* ws = nullptr;
   if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
@@ -241,6 +242,9 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
         std::snprintf(config, sizeof config, "hq%d/hkv8 B%d ctx%dK", group * 8, batch, context / 1024);
         const AttentionRun a = run_attention(stream, pool, w, 0);
         emit("dense", config, "spin", a.time_us, bytes);
+        for (int path = 0; path <= 2; ++path)
+          emit("paths", config, "spin load path " + std::to_string(path),
+               run_attention(stream, pool, w, 0, path).time_us, bytes);
         // Split-size sweep on one shape per context, to show how the automatic choice fares.
         if (group == 5 && (batch == 1 || batch == 8)) {
           for (int tps : {512, 2048, 8192}) {
@@ -287,6 +291,9 @@ void bench_sparse(cudaStream_t stream, std::mt19937& rng) {
     std::snprintf(config, sizeof config, "hq40/hkv8 B%d 2K-of-128K", batch);
     emit("sparse", config, "spin sparse", run_attention(stream, pool, ws, 0).time_us, bytes);
     emit("sparse", config, "spin dense-equal", run_attention(stream, pool, wd, 0).time_us, bytes);
+    for (int path = 0; path <= 2; ++path)
+      emit("paths", config, "spin sparse load path " + std::to_string(path),
+           run_attention(stream, pool, ws, 0, path).time_us, bytes);
     free_workload(ws);
     free_workload(wd);
     cudaFree(pool);

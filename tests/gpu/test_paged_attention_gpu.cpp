@@ -132,8 +132,6 @@ class GpuPagedAttention : public ::testing::Test {
     CUDA_OK(cudaMemcpy(d_ids.ptr, ids.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_offsets.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_tokens.ptr, s.tokens.data(), items * 4, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
-
     cuda::PagedDecodeParams p;
     p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.ptr);
     p.kv_pool = reinterpret_cast<const __nv_bfloat16*>(d_pool.ptr);
@@ -151,32 +149,41 @@ class GpuPagedAttention : public ::testing::Test {
     const size_t ws_bytes = cuda::paged_decode_workspace_bytes(p);
     DeviceBuffer<char> ws(ws_bytes);
     ASSERT_TRUE(ws.ptr);
-    if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));
-    CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
 
-    std::vector<OutT> out(q.size());
-    CUDA_OK(cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
-    double num = 0.0, den = 0.0;
-    size_t non_finite = 0;
-    for (size_t k = 0; k < out.size(); ++k) {
-      double v;
-      if constexpr (sizeof(OutT) == 2) {
-        uint16_t bits;
-        std::memcpy(&bits, &out[k], 2);
-        v = bf16_to_f32(bits);
-      } else {
-        v = out[k];
+    // Every load path (cp.async per thread, with L2 hint, bulk copy engine on sm_90+).
+    int major = 0;
+    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    for (int path = 0; path <= (major >= 9 ? 2 : 1); ++path) {
+      p.load_path = path;
+      CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
+      if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));
+      CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+
+      std::vector<OutT> out(q.size());
+      CUDA_OK(cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+      double num = 0.0, den = 0.0;
+      size_t non_finite = 0;
+      for (size_t k = 0; k < out.size(); ++k) {
+        double v;
+        if constexpr (sizeof(OutT) == 2) {
+          uint16_t bits;
+          std::memcpy(&bits, &out[k], 2);
+          v = bf16_to_f32(bits);
+        } else {
+          v = out[k];
+        }
+        if (!std::isfinite(v)) ++non_finite;
+        num += (v - ref[k]) * (v - ref[k]);
+        den += ref[k] * ref[k];
       }
-      if (!std::isfinite(v)) ++non_finite;
-      num += (v - ref[k]) * (v - ref[k]);
-      den += ref[k] * ref[k];
+      const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      EXPECT_EQ(non_finite, 0u) << "load path " << path;
+      EXPECT_LE(rel, tolerance) << "load path " << path << " seqs " << s.num_seqs << " kv_heads "
+                                << s.num_kv_heads << " group " << s.group << " d " << d << " page "
+                                << ps << " split " << s.tokens_per_split << " splits "
+                                << cuda::paged_decode_splits(p);
     }
-    const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    EXPECT_EQ(non_finite, 0u);
-    EXPECT_LE(rel, tolerance) << "seqs " << s.num_seqs << " kv_heads " << s.num_kv_heads << " group "
-                              << s.group << " d " << d << " page " << ps << " split "
-                              << s.tokens_per_split << " splits " << cuda::paged_decode_splits(p);
   }
 
   std::vector<int> random_lengths(int items, int max_len) {
@@ -235,7 +242,8 @@ TEST_F(GpuPagedAttention, RejectsUnsupportedShapes) {
                    [](cuda::PagedDecodeParams& x) { x.head_dim = 96; },
                    [](cuda::PagedDecodeParams& x) { x.page_size = 12; },
                    [](cuda::PagedDecodeParams& x) { x.page_size = 128; },
-                   [](cuda::PagedDecodeParams& x) { x.tokens_per_split = 100; }}) {
+                   [](cuda::PagedDecodeParams& x) { x.tokens_per_split = 100; },
+                   [](cuda::PagedDecodeParams& x) { x.load_path = 3; }}) {
     cuda::PagedDecodeParams x = p;
     bad(x);
     EXPECT_EQ(cuda::paged_decode_attention(x, out, nullptr, 0, nullptr), cudaErrorInvalidValue);

@@ -39,6 +39,50 @@ __device__ __forceinline__ void copy_async(uint32_t smem_addr, const void* gmem,
                "r"(src_bytes)
                : "memory");
 }
+__device__ __forceinline__ void copy_async_l2_256(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr),
+               "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#else
+  __trap();  // the host selects the bulk path only on sm_90 and newer
+#endif
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+// One contiguous global->shared copy by the bulk copy engine, completing on an mbarrier.
+__device__ __forceinline__ void bulk_copy(uint32_t smem_addr, const void* gmem, uint32_t bytes,
+                                          uint32_t bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr),
+      "l"(gmem), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
 __device__ __forceinline__ void copy_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -91,7 +135,17 @@ __device__ __forceinline__ int out_dim(int c, int jp, int m) {
   return c * 32 + (mm >> 1) * 8 + 4 * jp + ((m >> 3) << 1) + (mm & 1);
 }
 
-template <int D, typename OutT>
+// How tiles reach shared memory.
+enum class Copy {
+  kThread16 = 0,  // cp.async, 16 bytes per thread
+  kThread16L2 = 1,  // the same with a 256-byte L2 prefetch hint
+  kBulk = 2,      // bulk copy engine: 4 contiguous copies per tile (K/V x 8-token halves)
+};
+
+// The load path used on sm_90 unless PagedDecodeParams::load_path says otherwise.
+constexpr Copy kDefaultSm90Copy = Copy::kBulk;
+
+template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits, OutT* out,
                         float* ws_out, float2* ws_ml) {
@@ -142,8 +196,59 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < D / 32; ++c) {
         const int j = (rr * (D / 32) + c) * 2;
         const uint32_t dst = my_ring_addr + ((stage * kChunks<D> + j) * 32) * 16;
-        copy_async(dst, kp + (valid ? c * 32 : 0), valid ? 16 : 0);
-        copy_async(dst + 32 * 16, kp + (valid ? ps * D + c * 32 : 0), valid ? 16 : 0);
+        if constexpr (kCopy == Copy::kThread16L2) {
+          copy_async_l2_256(dst, kp + (valid ? c * 32 : 0), valid ? 16 : 0);
+          copy_async_l2_256(dst + 32 * 16, kp + (valid ? ps * D + c * 32 : 0), valid ? 16 : 0);
+        } else {
+          copy_async(dst, kp + (valid ? c * 32 : 0), valid ? 16 : 0);
+          copy_async(dst + 32 * 16, kp + (valid ? ps * D + c * 32 : 0), valid ? 16 : 0);
+        }
+      }
+    }
+  };
+  // Bulk layout of a stage: [K rows 0-7][K rows 8-15][V rows 0-7][V rows 8-15], each 8 x D bf16
+  // (8-token groups never straddle a page, since page_size is a multiple of 8). Lane 0 issues.
+  __shared__ __align__(8) uint64_t bars[kWarps][kStages<D>];
+  const uint4* warp_ring = ring + static_cast<size_t>(warp) * kStages<D> * kChunks<D> * 32;
+  const uint32_t warp_ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(warp_ring));
+  const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
+  constexpr uint32_t kPart = 8 * D * 2;  // bytes of one 8-row part
+  auto issue_bulk = [&](int tb, int stage) {
+    uint32_t rows[2];
+    const __nv_bfloat16* src[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int first = tb + rr * 8;
+      rows[rr] = static_cast<uint32_t>(max(0, min(8, t_end - first)));
+      src[rr] = p.kv_pool;
+      if (rows[rr] > 0) {
+        const int page_idx = first / ps;
+        src[rr] += static_cast<size_t>(ids[page_idx]) * page_elems + (first - page_idx * ps) * D;
+      }
+    }
+    const uint32_t bar = bar_addr + stage * 8;
+    bar_expect(bar, (rows[0] + rows[1]) * D * 2 * 2);
+    const uint32_t base = warp_ring_addr + stage * 4 * kPart;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      if (rows[rr] == 0) continue;
+      bulk_copy(base + rr * kPart, src[rr], rows[rr] * D * 2, bar);
+      bulk_copy(base + (2 + rr) * kPart, src[rr] + ps * D, rows[rr] * D * 2, bar);
+    }
+  };
+  auto read_bulk = [&](Tile<D>& t, int stage, int tb) {
+    const __nv_bfloat16* base = reinterpret_cast<const __nv_bfloat16*>(warp_ring) + stage * 4 * (8 * D);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      // Rows past the end hold stale bytes (maybe NaN patterns): K is masked later, V must be 0.
+      const bool valid = tb + r + rr * 8 < t_end;
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const int off = r * D + c * 32 + t4 * 8;
+        const uint4 k = *reinterpret_cast<const uint4*>(base + rr * 8 * D + off);
+        const uint4 v = *reinterpret_cast<const uint4*>(base + (2 + rr) * 8 * D + off);
+        t.k[rr][c] = valid ? k : make_uint4(0, 0, 0, 0);
+        t.v[rr][c] = valid ? v : make_uint4(0, 0, 0, 0);
       }
     }
   };
@@ -222,6 +327,37 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int stride = kWarps * kTile;
   constexpr int stages = kStages<D>;
   const int first = t_begin + warp * kTile;
+  if constexpr (kCopy == Copy::kBulk) {
+    if (lane == 0) {
+      for (int st = 0; st < stages; ++st) bar_init(bar_addr + st * 8, 1);
+#if __CUDA_ARCH__ >= 900
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+      for (int st = 0; st < stages; ++st)
+        if (first + st * stride < t_end) issue_bulk(first + st * stride, st);
+    }
+    __syncwarp();
+    uint32_t parity = 0;  // bit st: phase parity to wait for on stage st
+    int stage = 0;
+    for (int tb = first; tb < t_end; tb += stride) {
+      bar_wait(bar_addr + stage * 8, (parity >> stage) & 1);
+      parity ^= 1u << stage;
+      Tile<D> cur;
+      read_bulk(cur, stage, tb);
+      // Every lane has its values in registers: refill this stage right away.
+      __syncwarp();
+      const int ahead = tb + stages * stride;
+      if (lane == 0 && ahead < t_end) {
+#if __CUDA_ARCH__ >= 900
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+        issue_bulk(ahead, stage);
+      }
+      compute(cur, tb);
+      stage = stage == stages - 1 ? 0 : stage + 1;
+    }
+    __syncwarp();
+  } else {
 #pragma unroll
   for (int st = 0; st < stages - 1; ++st) {
     if (first + st * stride < t_end) issue(first + st * stride, st);
@@ -240,6 +376,8 @@ __global__ void __launch_bounds__(kThreads)
     stage = stage == stages - 1 ? 0 : stage + 1;
   }
   copy_async_wait<0>();
+
+  }
 
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
@@ -347,27 +485,49 @@ bool valid_shape(const PagedDecodeParams& p) {
   return p.num_seqs >= 0 && p.num_kv_heads > 0 && p.group >= 1 && p.group <= kMaxGroup &&
          (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 && p.page_size <= 64 &&
          p.page_size % 8 == 0 && p.max_tokens >= 0 && p.tokens_per_split >= 0 &&
-         p.tokens_per_split % kSplitQuantum == 0 &&
+         p.tokens_per_split % kSplitQuantum == 0 && p.load_path >= -1 && p.load_path <= 2 &&
          static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX;
 }
 
 // Blocks of the kernel for head dim D that fit on one SM (shared memory bounds it), and lets the
 // kernel use that much dynamic shared memory. Computed once per instantiation.
+template <int D, typename OutT, Copy kCopy>
+bool allow_smem() {
+  return cudaFuncSetAttribute(paged_decode_kernel<D, OutT, kCopy>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(kSmemBytes<D>)) == cudaSuccess;
+}
+
+// Blocks of the kernel for head dim D that fit on one SM (shared memory bounds it); also lets
+// every variant use that much dynamic shared memory. Computed once per head dim.
 template <int D>
 int blocks_per_sm() {
   static const int blocks = [] {
     int n = 0;
-    if (cudaFuncSetAttribute(paged_decode_kernel<D, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kSmemBytes<D>)) != cudaSuccess ||
-        cudaFuncSetAttribute(paged_decode_kernel<D, __nv_bfloat16>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kSmemBytes<D>)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_decode_kernel<D, float>, kThreads,
-                                                      kSmemBytes<D>) != cudaSuccess)
+    const bool ok = allow_smem<D, float, Copy::kThread16>() &&
+                    allow_smem<D, float, Copy::kThread16L2>() && allow_smem<D, float, Copy::kBulk>() &&
+                    allow_smem<D, __nv_bfloat16, Copy::kThread16>() &&
+                    allow_smem<D, __nv_bfloat16, Copy::kThread16L2>() &&
+                    allow_smem<D, __nv_bfloat16, Copy::kBulk>();
+    if (!ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                   &n, paged_decode_kernel<D, float, Copy::kThread16>, kThreads, kSmemBytes<D>) !=
+                   cudaSuccess)
       n = 0;
     return n;
   }();
   return blocks;
+}
+
+// The bulk copy engine exists from sm_90 on.
+Copy load_path(const PagedDecodeParams& p) {
+  if (p.load_path >= 0) return static_cast<Copy>(p.load_path);
+  static const bool hopper = [] {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           major >= 9;
+  }();
+  return hopper ? kDefaultSm90Copy : Copy::kThread16;
 }
 
 int tokens_per_split(const PagedDecodeParams& p) {
@@ -401,8 +561,21 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   float* ws_out = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
   if (blocks_per_sm<D>() == 0) return cudaErrorInvalidConfiguration;  // also sets the smem limit
-  paged_decode_kernel<D, OutT><<<dim3(items, splits), kThreads, kSmemBytes<D>, stream>>>(
-      p, tps, splits, out, ws_out, ws_ml);
+  const dim3 grid(items, splits);
+  switch (load_path(p)) {
+    case Copy::kThread16:
+      paged_decode_kernel<D, OutT, Copy::kThread16>
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+      break;
+    case Copy::kThread16L2:
+      paged_decode_kernel<D, OutT, Copy::kThread16L2>
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+      break;
+    case Copy::kBulk:
+      paged_decode_kernel<D, OutT, Copy::kBulk>
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+      break;
+  }
   if (splits == 1) return cudaGetLastError();
   const size_t smem = static_cast<size_t>(p.group) * splits * sizeof(float);
   paged_decode_merge_kernel<D, OutT>
