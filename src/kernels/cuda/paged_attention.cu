@@ -143,7 +143,7 @@ enum class Copy {
 };
 
 // The load path used on sm_90 unless PagedDecodeParams::load_path says otherwise.
-constexpr Copy kDefaultSm90Copy = Copy::kBulk;
+constexpr Copy kDefaultSm90Copy = Copy::kThread16L2;
 
 template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
@@ -180,17 +180,24 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) uint4 ring[];  // [warp][stage][chunk][lane]
   uint4* my_ring = ring + static_cast<size_t>(warp) * kStages<D> * kChunks<D> * 32 + lane;
   const uint32_t my_ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(my_ring));
+  // Physical pages of the tile's token rows r and r+8, fetched one iteration before the copy
+  // that needs them, so the page-table read is off each warp's critical path.
+  auto fetch_pages = [&](int tb) {
+    int2 pg = make_int2(0, 0);
+    if (tb + r < t_end) pg.x = ids[(tb + r) / ps];
+    if (tb + r + 8 < t_end) pg.y = ids[(tb + r + 8) / ps];
+    return pg;
+  };
   // Chunk order in the ring: (rr, c, K/V) -> (rr * D/32 + c) * 2 + kv.
-  auto issue = [&](int tb, int stage) {
+  auto issue = [&](int tb, int stage, int2 pg) {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
       const int tok = tb + r + rr * 8;
       const bool valid = tok < t_end;
       const __nv_bfloat16* kp = p.kv_pool;
       if (valid) {
-        const int page_idx = tok / ps;
-        const int slot = tok - page_idx * ps;
-        kp += static_cast<size_t>(ids[page_idx]) * page_elems + slot * D + t4 * 8;
+        const int slot = tok % ps;
+        kp += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + slot * D + t4 * 8;
       }
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) {
@@ -213,7 +220,7 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t warp_ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(warp_ring));
   const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
   constexpr uint32_t kPart = 8 * D * 2;  // bytes of one 8-row part
-  auto issue_bulk = [&](int tb, int stage) {
+  auto issue_bulk = [&](int tb, int stage, int2 pg) {
     uint32_t rows[2];
     const __nv_bfloat16* src[2];
 #pragma unroll
@@ -221,10 +228,8 @@ __global__ void __launch_bounds__(kThreads)
       const int first = tb + rr * 8;
       rows[rr] = static_cast<uint32_t>(max(0, min(8, t_end - first)));
       src[rr] = p.kv_pool;
-      if (rows[rr] > 0) {
-        const int page_idx = first / ps;
-        src[rr] += static_cast<size_t>(ids[page_idx]) * page_elems + (first - page_idx * ps) * D;
-      }
+      if (rows[rr] > 0)
+        src[rr] += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + (first % ps) * D;
     }
     const uint32_t bar = bar_addr + stage * 8;
     bar_expect(bar, (rows[0] + rows[1]) * D * 2 * 2);
@@ -334,9 +339,10 @@ __global__ void __launch_bounds__(kThreads)
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
       for (int st = 0; st < stages; ++st)
-        if (first + st * stride < t_end) issue_bulk(first + st * stride, st);
+        if (first + st * stride < t_end) issue_bulk(first + st * stride, st, fetch_pages(first + st * stride));
     }
     __syncwarp();
+    int2 pending = fetch_pages(first + stages * stride);
     uint32_t parity = 0;  // bit st: phase parity to wait for on stage st
     int stage = 0;
     for (int tb = first; tb < t_end; tb += stride) {
@@ -351,8 +357,9 @@ __global__ void __launch_bounds__(kThreads)
 #if __CUDA_ARCH__ >= 900
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
-        issue_bulk(ahead, stage);
+        issue_bulk(ahead, stage, pending);
       }
+      pending = fetch_pages(ahead + stride);
       compute(cur, tb);
       stage = stage == stages - 1 ? 0 : stage + 1;
     }
@@ -360,9 +367,10 @@ __global__ void __launch_bounds__(kThreads)
   } else {
 #pragma unroll
   for (int st = 0; st < stages - 1; ++st) {
-    if (first + st * stride < t_end) issue(first + st * stride, st);
+    if (first + st * stride < t_end) issue(first + st * stride, st, fetch_pages(first + st * stride));
     copy_async_commit();
   }
+  int2 pending = fetch_pages(first + (stages - 1) * stride);
   int stage = 0;
   for (int tb = first; tb < t_end; tb += stride) {
     copy_async_wait<stages - 2>();  // this warp's tile at tb has landed
@@ -370,8 +378,9 @@ __global__ void __launch_bounds__(kThreads)
     read(cur, stage);
     // Refill the stage read one iteration ago (its values were consumed by that compute).
     const int ahead = tb + (stages - 1) * stride;
-    if (ahead < t_end) issue(ahead, stage == 0 ? stages - 1 : stage - 1);
+    if (ahead < t_end) issue(ahead, stage == 0 ? stages - 1 : stage - 1, pending);
     copy_async_commit();
+    pending = fetch_pages(ahead + stride);
     compute(cur, tb);
     stage = stage == stages - 1 ? 0 : stage + 1;
   }
