@@ -150,10 +150,8 @@ class GpuPagedAttention : public ::testing::Test {
     DeviceBuffer<char> ws(ws_bytes);
     ASSERT_TRUE(ws.ptr);
 
-    // Every load path (cp.async per thread, with L2 hint, bulk copy engine on sm_90+).
-    int major = 0;
-    CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-    for (int path = 0; path <= (major >= 9 ? 2 : 1); ++path) {
+    // Every load path (see PagedDecodeParams::load_path).
+    for (int path = 0; path <= 2; ++path) {
       p.load_path = path;
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
       if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));

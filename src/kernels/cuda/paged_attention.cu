@@ -44,45 +44,6 @@ __device__ __forceinline__ void copy_async_l2_256(uint32_t smem_addr, const void
                "l"(gmem), "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void bar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-#else
-  __trap();  // the host selects the bulk path only on sm_90 and newer
-#endif
-}
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#else
-  __trap();
-#endif
-}
-// One contiguous global->shared copy by the bulk copy engine, completing on an mbarrier.
-__device__ __forceinline__ void bulk_copy(uint32_t smem_addr, const void* gmem, uint32_t bytes,
-                                          uint32_t bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_addr),
-      "l"(gmem), "r"(bytes), "r"(bar)
-      : "memory");
-#else
-  __trap();
-#endif
-}
 __device__ __forceinline__ void copy_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -139,11 +100,12 @@ __device__ __forceinline__ int out_dim(int c, int jp, int m) {
 enum class Copy {
   kThread16 = 0,  // cp.async, 16 bytes per thread
   kThread16L2 = 1,  // the same with a 256-byte L2 prefetch hint
-  kBulk = 2,      // bulk copy engine: 4 contiguous copies per tile (K/V x 8-token halves)
+  kWarp512 = 2,   // cp.async with the warp's 32 lanes on 512 contiguous bytes (whole 128-byte
+                  // lines per instruction), swizzled in shared memory; L2 hint as path 1
 };
 
-// The load path used on sm_90 unless PagedDecodeParams::load_path says otherwise.
-constexpr Copy kDefaultSm90Copy = Copy::kThread16L2;
+// The load path used unless PagedDecodeParams::load_path says otherwise.
+constexpr Copy kDefaultCopy = Copy::kWarp512;
 
 template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
@@ -213,49 +175,50 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   };
-  // Bulk layout of a stage: [K rows 0-7][K rows 8-15][V rows 0-7][V rows 8-15], each 8 x D bf16
-  // (8-token groups never straddle a page, since page_size is a multiple of 8). Lane 0 issues.
-  __shared__ __align__(8) uint64_t bars[kWarps][kStages<D>];
+  // Warp-coalesced layout of a stage: parts [K rows 0-7][K rows 8-15][V rows 0-7][V rows 8-15],
+  // each 8 x D bf16 and contiguous in the pool (8-token groups never straddle a page, since
+  // page_size is a multiple of 8). Lane l copies bytes l*16.. of each 512-byte block. The 16-byte
+  // chunk index within a row is XORed with 4 on odd rows, so the fragment reads (8 rows x 4
+  // lanes at a 2*D-byte row stride) spread over all banks.
   const uint4* warp_ring = ring + static_cast<size_t>(warp) * kStages<D> * kChunks<D> * 32;
   const uint32_t warp_ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(warp_ring));
-  const uint32_t bar_addr = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
-  constexpr uint32_t kPart = 8 * D * 2;  // bytes of one 8-row part
-  auto issue_bulk = [&](int tb, int stage, int2 pg) {
-    uint32_t rows[2];
-    const __nv_bfloat16* src[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      const int first = tb + rr * 8;
-      rows[rr] = static_cast<uint32_t>(max(0, min(8, t_end - first)));
-      src[rr] = p.kv_pool;
-      if (rows[rr] > 0)
-        src[rr] += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + (first % ps) * D;
-    }
-    const uint32_t bar = bar_addr + stage * 8;
-    bar_expect(bar, (rows[0] + rows[1]) * D * 2 * 2);
+  constexpr int kPart = 8 * D * 2;  // bytes of one 8-row part
+  auto swizzled = [](int row, int chunk) { return row * (2 * D) + ((chunk ^ ((row & 1) << 2)) << 4); };
+  auto fetch_groups = [&](int tb) {  // pages of the tile's two 8-token groups (same in all lanes)
+    int2 pg = make_int2(0, 0);
+    if (tb < t_end) pg.x = ids[tb / ps];
+    if (tb + 8 < t_end) pg.y = ids[(tb + 8) / ps];
+    return pg;
+  };
+  auto issue_warp = [&](int tb, int stage, int2 pg) {
     const uint32_t base = warp_ring_addr + stage * 4 * kPart;
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      if (rows[rr] == 0) continue;
-      bulk_copy(base + rr * kPart, src[rr], rows[rr] * D * 2, bar);
-      bulk_copy(base + (2 + rr) * kPart, src[rr] + ps * D, rows[rr] * D * 2, bar);
-    }
-  };
-  auto read_bulk = [&](Tile<D>& t, int stage, int tb) {
-    const __nv_bfloat16* base = reinterpret_cast<const __nv_bfloat16*>(warp_ring) + stage * 4 * (8 * D);
+      const int group_first = tb + rr * 8;
+      const __nv_bfloat16* src = p.kv_pool;
+      if (group_first < t_end)
+        src += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + (group_first % ps) * D;
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      // Rows past the end hold stale bytes (maybe NaN patterns): K is masked later, V must be 0.
-      const bool valid = tb + r + rr * 8 < t_end;
-#pragma unroll
-      for (int c = 0; c < D / 32; ++c) {
-        const int off = r * D + c * 32 + t4 * 8;
-        const uint4 k = *reinterpret_cast<const uint4*>(base + rr * 8 * D + off);
-        const uint4 v = *reinterpret_cast<const uint4*>(base + (2 + rr) * 8 * D + off);
-        t.k[rr][c] = valid ? k : make_uint4(0, 0, 0, 0);
-        t.v[rr][c] = valid ? v : make_uint4(0, 0, 0, 0);
+      for (int blk = 0; blk < kPart / 512; ++blk) {
+        const int off = blk * 512 + lane * 16;  // byte offset inside the part
+        const int row = off / (2 * D);
+        const bool valid = group_first + row < t_end;
+        const uint32_t dst = base + rr * kPart + swizzled(row, (off % (2 * D)) >> 4);
+        copy_async_l2_256(dst, src + (valid ? off / 2 : 0), valid ? 16 : 0);
+        copy_async_l2_256(dst + 2 * kPart, src + (valid ? ps * D + off / 2 : 0), valid ? 16 : 0);
       }
     }
+  };
+  auto read_warp = [&](Tile<D>& t, int stage) {
+    const char* base = reinterpret_cast<const char*>(warp_ring) + stage * 4 * kPart;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int c = 0; c < D / 32; ++c) {
+        const int at = swizzled(r, c * 4 + t4);
+        t.k[rr][c] = *reinterpret_cast<const uint4*>(base + rr * kPart + at);
+        t.v[rr][c] = *reinterpret_cast<const uint4*>(base + (2 + rr) * kPart + at);
+      }
   };
   auto read = [&](Tile<D>& t, int stage) {
     const uint4* src = my_ring + stage * kChunks<D> * 32;
@@ -280,7 +243,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[c][jp][i] = 0.0f;
 
-  auto compute = [&](const Tile<D>& t, int tb) {
+  // consumed() runs once every register of the tile has been read by an instruction (V by its
+  // transposes, K by the score products): the stage it came from may then be overwritten.
+  auto compute = [&](const Tile<D>& t, int tb, auto consumed) {
+    uint32_t vt[D / 32][2][4];  // V^T A-operand fragments
+#pragma unroll
+    for (int c = 0; c < D / 32; ++c)
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        vt[c][jp][0] = transpose8x8(component(t.v[0][c], 2 * jp));
+        vt[c][jp][1] = transpose8x8(component(t.v[0][c], 2 * jp + 1));
+        vt[c][jp][2] = transpose8x8(component(t.v[1][c], 2 * jp));
+        vt[c][jp][3] = transpose8x8(component(t.v[1][c], 2 * jp + 1));
+      }
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < D / 32; ++c)
@@ -289,6 +264,7 @@ __global__ void __launch_bounds__(kThreads)
         mma_bf16(s, component(t.k[0][c], 2 * h), component(t.k[1][c], 2 * h),
                  component(t.k[0][c], 2 * h + 1), component(t.k[1][c], 2 * h + 1),
                  component(qf[c], 2 * h), component(qf[c], 2 * h + 1));
+    consumed();
     // s[e]: token tb+r, query t4*2+e; s[2+e]: token tb+r+8.
     const bool valid0 = tb + r < t_end;
     const bool valid1 = tb + r + 8 < t_end;
@@ -323,46 +299,36 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < D / 32; ++c)
 #pragma unroll
       for (int jp = 0; jp < 2; ++jp)
-        mma_bf16(o[c][jp], transpose8x8(component(t.v[0][c], 2 * jp)),
-                 transpose8x8(component(t.v[0][c], 2 * jp + 1)),
-                 transpose8x8(component(t.v[1][c], 2 * jp)),
-                 transpose8x8(component(t.v[1][c], 2 * jp + 1)), b0, b1);
+        mma_bf16(o[c][jp], vt[c][jp][0], vt[c][jp][1], vt[c][jp][2], vt[c][jp][3], b0, b1);
   };
 
   constexpr int stride = kWarps * kTile;
   constexpr int stages = kStages<D>;
   const int first = t_begin + warp * kTile;
-  if constexpr (kCopy == Copy::kBulk) {
-    if (lane == 0) {
-      for (int st = 0; st < stages; ++st) bar_init(bar_addr + st * 8, 1);
-#if __CUDA_ARCH__ >= 900
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-      for (int st = 0; st < stages; ++st)
-        if (first + st * stride < t_end) issue_bulk(first + st * stride, st, fetch_pages(first + st * stride));
+  if constexpr (kCopy == Copy::kWarp512) {
+    // All kStages tiles in flight: a stage is refilled as soon as its tile is consumed.
+#pragma unroll
+    for (int st = 0; st < stages; ++st) {
+      if (first + st * stride < t_end) issue_warp(first + st * stride, st, fetch_groups(first + st * stride));
+      copy_async_commit();
     }
-    __syncwarp();
-    int2 pending = fetch_pages(first + stages * stride);
-    uint32_t parity = 0;  // bit st: phase parity to wait for on stage st
+    int2 pending = fetch_groups(first + stages * stride);
     int stage = 0;
     for (int tb = first; tb < t_end; tb += stride) {
-      bar_wait(bar_addr + stage * 8, (parity >> stage) & 1);
-      parity ^= 1u << stage;
+      copy_async_wait<stages - 1>();  // this lane's part of the tile at tb has landed
+      __syncwarp();                   // and every other lane's part
       Tile<D> cur;
-      read_bulk(cur, stage, tb);
-      // Every lane has its values in registers: refill this stage right away.
-      __syncwarp();
-      const int ahead = tb + stages * stride;
-      if (lane == 0 && ahead < t_end) {
-#if __CUDA_ARCH__ >= 900
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-        issue_bulk(ahead, stage, pending);
-      }
-      pending = fetch_pages(ahead + stride);
-      compute(cur, tb);
+      read_warp(cur, stage);
+      compute(cur, tb, [&] {
+        __syncwarp();  // every lane is done reading this stage
+        const int ahead = tb + stages * stride;
+        if (ahead < t_end) issue_warp(ahead, stage, pending);
+        copy_async_commit();
+        pending = fetch_groups(ahead + stride);
+      });
       stage = stage == stages - 1 ? 0 : stage + 1;
     }
+    copy_async_wait<0>();
     __syncwarp();
   } else {
 #pragma unroll
@@ -381,7 +347,7 @@ __global__ void __launch_bounds__(kThreads)
     if (ahead < t_end) issue(ahead, stage == 0 ? stages - 1 : stage - 1, pending);
     copy_async_commit();
     pending = fetch_pages(ahead + stride);
-    compute(cur, tb);
+    compute(cur, tb, [] {});
     stage = stage == stages - 1 ? 0 : stage + 1;
   }
   copy_async_wait<0>();
@@ -514,10 +480,10 @@ int blocks_per_sm() {
   static const int blocks = [] {
     int n = 0;
     const bool ok = allow_smem<D, float, Copy::kThread16>() &&
-                    allow_smem<D, float, Copy::kThread16L2>() && allow_smem<D, float, Copy::kBulk>() &&
+                    allow_smem<D, float, Copy::kThread16L2>() && allow_smem<D, float, Copy::kWarp512>() &&
                     allow_smem<D, __nv_bfloat16, Copy::kThread16>() &&
                     allow_smem<D, __nv_bfloat16, Copy::kThread16L2>() &&
-                    allow_smem<D, __nv_bfloat16, Copy::kBulk>();
+                    allow_smem<D, __nv_bfloat16, Copy::kWarp512>();
     if (!ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                    &n, paged_decode_kernel<D, float, Copy::kThread16>, kThreads, kSmemBytes<D>) !=
                    cudaSuccess)
@@ -527,16 +493,8 @@ int blocks_per_sm() {
   return blocks;
 }
 
-// The bulk copy engine exists from sm_90 on.
 Copy load_path(const PagedDecodeParams& p) {
-  if (p.load_path >= 0) return static_cast<Copy>(p.load_path);
-  static const bool hopper = [] {
-    int device = 0, major = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           major >= 9;
-  }();
-  return hopper ? kDefaultSm90Copy : Copy::kThread16;
+  return p.load_path >= 0 ? static_cast<Copy>(p.load_path) : kDefaultCopy;
 }
 
 int tokens_per_split(const PagedDecodeParams& p) {
@@ -580,8 +538,8 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
       paged_decode_kernel<D, OutT, Copy::kThread16L2>
           <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
       break;
-    case Copy::kBulk:
-      paged_decode_kernel<D, OutT, Copy::kBulk>
+    case Copy::kWarp512:
+      paged_decode_kernel<D, OutT, Copy::kWarp512>
           <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
       break;
   }

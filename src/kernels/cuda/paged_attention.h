@@ -44,9 +44,10 @@ struct PagedDecodeParams {
   int max_tokens = 0;  // upper bound of num_tokens[i]; sizes the split grid
   float scale = 0.0f;  // softmax scale (usually 1/sqrt(head_dim))
   int tokens_per_split = 0;  // 0: chosen to fill the GPU; else a multiple of 64
-  // How K/V tiles reach shared memory: -1 the default (path 1),
-  // 0 cp.async 16 B per thread, 1 the same with a 256-byte L2 prefetch hint, 2 bulk copies
-  // (sm_90+ only). For benchmarks and tuning; every path computes the same result.
+  // How K/V tiles reach shared memory: -1 the default (2); 0 cp.async 16 B per thread in
+  // fragment order; 1 the same with a 256-byte L2 prefetch hint; 2 cp.async with each warp
+  // instruction covering 512 contiguous bytes, swizzled. For benchmarks and tuning; every path
+  // computes the same result.
   int load_path = -1;
 };
 
