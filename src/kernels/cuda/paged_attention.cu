@@ -354,6 +354,11 @@ __global__ void __launch_bounds__(kThreads)
 
   }
 
+#if __CUDA_ARCH__ >= 900
+  // The merge kernel (launched as a programmatic dependent) may start launching now; it waits for
+  // this grid's completion before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
@@ -420,6 +425,9 @@ __global__ void __launch_bounds__(kThreads)
     paged_decode_merge_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits,
                               OutT* out, const float* ws_out, const float2* ws_ml) {
   extern __shared__ float weights[];  // [group][num_splits]
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the main kernel are complete
+#endif
   const int item = blockIdx.x;
   const int n_tok = p.num_tokens[item];
   const int used = max(1, (n_tok + tokens_per_split - 1) / tokens_per_split);
@@ -504,11 +512,12 @@ int tokens_per_split(const PagedDecodeParams& p) {
   if (cudaGetDevice(&device) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int per_sm = std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  // Split only as far as one wave of resident blocks: every block then streams from start to end
-  // with no tail wave, and no block pays its start-up (query load, first-tile latency) twice.
-  const int64_t wave = static_cast<int64_t>(sms) * per_sm;
+  // Few items (small batch): about one block per SM; each block streams a long range and the
+  // merge stays small (measured best on the H200 at batch 1). Many items: about four waves of
+  // resident blocks, so blocks finishing at different times even out (best at batch 8).
   const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
-  const int64_t splits = std::max<int64_t>(1, wave / items);
+  const int64_t target_blocks = items < 32 ? sms : static_cast<int64_t>(sms) * per_sm * 4;
+  const int64_t splits = std::max<int64_t>(1, target_blocks / items);
   int64_t tps = (p.max_tokens + splits - 1) / splits;
   tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
   tps = std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
@@ -544,10 +553,21 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
       break;
   }
   if (splits == 1) return cudaGetLastError();
-  const size_t smem = static_cast<size_t>(p.group) * splits * sizeof(float);
-  paged_decode_merge_kernel<D, OutT>
-      <<<items, kThreads, smem, stream>>>(p, tps, splits, out, ws_out, ws_ml);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the merge grid's launch overlaps the main grid's tail.
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(items);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(p.group) * splits * sizeof(float);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  const float* partial_out = ws_out;
+  const float2* partial_ml = ws_ml;
+  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, tps, splits, out,
+                            partial_out, partial_ml);
 }
 
 template <typename OutT>
