@@ -512,12 +512,17 @@ int tokens_per_split(const PagedDecodeParams& p) {
   if (cudaGetDevice(&device) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int per_sm = std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  // Few items (small batch): about one block per SM; each block streams a long range and the
-  // merge stays small (measured best on the H200 at batch 1). Many items: about four waves of
-  // resident blocks, so blocks finishing at different times even out (best at batch 8).
+  // Measured on the H200 (docs/results/gpu-kernels.md): with few items (small batch) about one
+  // block per SM is best, each block streaming a long range with a small merge; with many items,
+  // about four waves of resident blocks even out blocks that finish at different times, but only
+  // while blocks stay long (>= 2048 tokens); short lists (sparse budgets) do best with one wave.
   const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
-  const int64_t target_blocks = items < 32 ? sms : static_cast<int64_t>(sms) * per_sm * 4;
-  const int64_t splits = std::max<int64_t>(1, target_blocks / items);
+  const int64_t wave = static_cast<int64_t>(sms) * per_sm;
+  int64_t splits = std::max<int64_t>(1, sms / items);
+  if (items >= 32) {
+    splits = std::max<int64_t>(1, 4 * wave / items);
+    if (p.max_tokens / splits < 2048) splits = std::max<int64_t>(1, wave / items);
+  }
   int64_t tps = (p.max_tokens + splits - 1) / splits;
   tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
   tps = std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
