@@ -11,9 +11,9 @@ namespace {
 // tensor-core products:
 //   S^T[16 tok x 8 q]  = K[16 tok x 16 d] * Q^T[16 d x 8 q]      (mma m16n8k16, per 16 dims)
 //   O^T[16 d x 8 q]   += V^T[16 d x 16 tok] * P^T[16 tok x 8 q]   (per 16 output dims)
-// Each thread loads 16 contiguous bytes of a K or V row straight into registers. The sum over
-// head dims does not care about order, so Q is loaded with the same dim permutation as K; V
-// reaches the A-operand layout through movmatrix (an in-register 8x8 transpose), as does P.
+// Each thread takes 16 contiguous bytes of a K row as its A fragment: the sum over head dims
+// does not care about order, so Q is loaded with the same dim permutation as K. V reaches the
+// A-operand layout through movmatrix (an in-register 8x8 transpose), as does P.
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 16;
@@ -22,10 +22,10 @@ constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Loads run through a ring of kStages tiles in shared memory (cp.async): each thread copies its
-// own 16-byte pieces and later reads back only those, so no barrier is needed, and a warp keeps
-// kStages - 1 tiles (8 KB each at d=128) in flight while it computes on one. Registers no longer
-// bound the bytes in flight; shared memory does (2 blocks of 4 warps per SM at d=128).
+// Loads run through a ring of kStages tiles (8 KB each at d=128) per warp in shared memory,
+// filled by cp.async; shared memory bounds the bytes in flight (2 blocks of 4 warps per SM at
+// d=128). Paths 0/1 copy each thread's own fragment pieces (no barrier; kStages - 1 tiles in
+// flight); path 2 copies whole lines per warp instruction (__syncwarp; all kStages in flight).
 template <int D>
 constexpr int kStages = D == 128 ? 3 : 4;
 template <int D>
@@ -98,10 +98,10 @@ __device__ __forceinline__ int out_dim(int c, int jp, int m) {
 
 // How tiles reach shared memory.
 enum class Copy {
-  kThread16 = 0,  // cp.async, 16 bytes per thread
+  kThread16 = 0,    // cp.async, each thread its own 16-byte fragment pieces
   kThread16L2 = 1,  // the same with a 256-byte L2 prefetch hint
-  kWarp512 = 2,   // cp.async with the warp's 32 lanes on 512 contiguous bytes (whole 128-byte
-                  // lines per instruction), swizzled in shared memory; L2 hint as path 1
+  kWarp512 = 2,     // cp.async with the warp's 32 lanes on 512 contiguous bytes (whole 128-byte
+                    // lines per instruction), swizzled in shared memory; L2 hint as path 1
 };
 
 // The load path used unless PagedDecodeParams::load_path says otherwise.
@@ -567,8 +567,14 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
+  static const bool hopper = [] {  // programmatic dependent launch needs sm_90
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           major >= 9;
+  }();
   cfg.attrs = &attr;
-  cfg.numAttrs = 1;
+  cfg.numAttrs = hopper ? 1 : 0;
   const float* partial_out = ws_out;
   const float2* partial_ml = ws_ml;
   return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, tps, splits, out,
