@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine in ONE call: unpacks the carried Debian packages (scripts/gpu-deps.sh),
-# builds spin for sm_90, runs every GPU test, and prints a short table last.
+# builds spin for sm_90, runs every GPU test, runs the GPU kernel benchmarks (spin's kernels and
+# PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
+# SPIN_GPU_BENCH=0 skips the benchmarks.
 # Results go to $OUT (when set) so they come back with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +24,12 @@ cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 -E 
 status=0
 build/gpu/tests/spin_gpu_tests --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
-printf '\n| check | result |\n|---|---|\n'
-python3 - "$out/gpu_tests.json" <<'PY'
-import json, sys
-report = json.load(open(sys.argv[1]))
-for suite in report["testsuites"]:
-    for t in suite["testsuite"]:
-        ok = "failures" not in t and t.get("result") != "SKIPPED"
-        print(f"| {suite['name']}.{t['name']} | {'pass' if ok else 'FAIL'} ({t['time']}) |")
-PY
+if [ "${SPIN_GPU_BENCH:-1}" != 0 ]; then
+  echo "== spin kernel benchmarks"
+  build/gpu/bin/spin_bench_gpu_kernels all "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
+  echo "== PyTorch SDPA on the same shapes"
+  PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_bench.py "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || status=1
+fi
+
+python3 bench/gpu/report.py "$out/gpu_tests.json" "$out/spin_kernels.csv" "$out/sdpa.csv" | tee "$out/table.md"
 exit $status

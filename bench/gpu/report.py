@@ -1,0 +1,74 @@
+"""Prints the GPU check's closing table from the GoogleTest JSON and the benchmark CSVs.
+
+usage: report.py gpu_tests.json spin_kernels.csv sdpa.csv
+Missing files are reported as such, so a failed step still leaves the others' rows.
+"""
+import csv
+import json
+import os
+import sys
+
+
+def load_csv(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def main():
+    tests_json, spin_csv, sdpa_csv = sys.argv[1:4]
+    print("\n| check | result |\n|---|---|")
+    if os.path.exists(tests_json):
+        report = json.load(open(tests_json))
+        for suite in report["testsuites"]:
+            for t in suite["testsuite"]:
+                ok = "failures" not in t and t.get("result") != "SKIPPED"
+                print(f"| {suite['name']}.{t['name']} | {'pass' if ok else 'FAIL'} ({t['time']}) |")
+    else:
+        print("| GPU tests | no report (build or run failed) |")
+
+    rows = load_csv(spin_csv) + load_csv(sdpa_csv)
+    by = {}
+    for r in rows:
+        by[(r["bench"], r["config"], r["variant"])] = float(r["gbps"])
+
+    def get(bench, config, prefix):
+        vals = [v for (b, c, var), v in by.items() if b == bench and c == config and var.startswith(prefix)]
+        return max(vals) if vals else None
+
+    def fmt(v):
+        return "n/a" if v is None else f"{v:.0f}"
+
+    def ratio(a, b):
+        return "n/a" if a is None or b is None else f"{a / b:.2f}"
+
+    configs = []
+    for r in rows:
+        if r["bench"] == "dense" and r["config"] not in configs:
+            configs.append(r["config"])
+    print("\n| dense decode attention (bf16, d128, page 16) | spin GB/s | cuDNN GB/s | flash GB/s | spin/cuDNN | spin/flash |")
+    print("|---|---|---|---|---|---|")
+    for c in configs:
+        s, cu, fl = get("dense", c, "spin"), get("dense", c, "torch cudnn"), get("dense", c, "torch flash")
+        print(f"| {c} | {fmt(s)} | {fmt(cu)} | {fmt(fl)} | {ratio(s, cu)} | {ratio(s, fl)} |")
+
+    print("\n| sparse decode (2K of 128K per KV head, page 16) | sparse GB/s | dense equal-bytes GB/s | sparse/dense |")
+    print("|---|---|---|---|")
+    for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "sparse"):
+        sp, de = get("sparse", c, "spin sparse"), get("sparse", c, "spin dense-equal")
+        print(f"| {c} | {fmt(sp)} | {fmt(de)} | {ratio(sp, de)} |")
+
+    print("\n| gather host->device, 64 MB of pages | kernel <=16 SMs GB/s (SMs) | per-page memcpyAsync | cudaMemcpyBatchAsync | bulk memcpy | kernel/batch | kernel/bulk |")
+    print("|---|---|---|---|---|---|---|")
+    for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "gather"):
+        kern = [(v, var) for (b, cc, var), v in by.items() if b == "gather" and cc == c and var.startswith("kernel")]
+        best = max(kern) if kern else None
+        k = best[0] if best else None
+        sms = best[1].split()[1] if best else "-"
+        pp, ba, bu = get("gather", c, "memcpyAsync"), get("gather", c, "cudaMemcpyBatch"), get("gather", c, "bulk")
+        print(f"| {c} | {fmt(k)} ({sms}) | {fmt(pp)} | {fmt(ba)} | {fmt(bu)} | {ratio(k, ba)} | {ratio(k, bu)} |")
+
+
+if __name__ == "__main__":
+    main()

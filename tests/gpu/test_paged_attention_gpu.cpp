@@ -1,0 +1,257 @@
+// Paged decode attention on the GPU against a float64 CPU reference written here, on fresh random
+// inputs each run: random page permutations, partial last pages, GQA groups 1/4/5/8, head_dim
+// 64/128, page sizes 8..64, forced split-K. Outputs are poisoned (NaN) before each run and pool
+// slots past the last token hold NaN, so an unwritten output or a read past the list fails.
+// Tolerance: relative Frobenius error <= 1e-2 (bf16 K/V/Q inputs; probabilities enter P*V as
+// bf16, as in flash attention; bf16 output rounding adds 2^-9).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "base/half.h"
+#include "kernels/cuda/paged_attention.h"
+
+namespace spin {
+namespace {
+
+#define CUDA_OK(expr)                                                  \
+  do {                                                                 \
+    const cudaError_t err_ = (expr);                                   \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+constexpr uint16_t kBf16Nan = 0x7fc1;
+
+struct Shape {
+  int num_seqs;
+  int num_kv_heads;
+  int group;
+  int head_dim;
+  int page_size;
+  std::vector<int> tokens;  // per item (seq-major, then KV head)
+  int tokens_per_split;     // 0: automatic
+  float q_scale;            // larger values make the softmax peakier
+};
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t count) {
+    if (cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+class GpuPagedAttention : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
+  }
+
+  // Runs one shape with bf16 or fp32 output; returns the relative error against the reference.
+  template <typename OutT>
+  void run(const Shape& s, double tolerance) {
+    const int items = s.num_seqs * s.num_kv_heads;
+    ASSERT_EQ(static_cast<int>(s.tokens.size()), items);
+    const int d = s.head_dim, ps = s.page_size;
+    const int num_q_heads = s.num_kv_heads * s.group;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+
+    // Page lists: random distinct physical pages out of a pool with spare pages.
+    std::vector<int32_t> offsets(items + 1, 0), ids;
+    int max_tokens = 0;
+    for (int i = 0; i < items; ++i) {
+      offsets[i + 1] = offsets[i] + (s.tokens[i] + ps - 1) / ps;
+      max_tokens = std::max(max_tokens, s.tokens[i]);
+    }
+    const int used_pages = offsets[items];
+    const int pool_pages = used_pages + 5;
+    std::vector<int32_t> perm(pool_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ids.assign(perm.begin(), perm.begin() + used_pages);
+
+    // Pool: random bf16 everywhere, NaN in slots no list covers (tails of partial pages, spares).
+    const size_t page_elems = static_cast<size_t>(2) * ps * d;
+    std::vector<uint16_t> pool(page_elems * pool_pages, kBf16Nan);
+    for (int i = 0; i < items; ++i) {
+      for (int t = 0; t < s.tokens[i]; ++t) {
+        const size_t base = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(t % ps) * d;
+        for (int j = 0; j < d; ++j) {
+          pool[base + j] = f32_to_bf16(normal(rng));
+          pool[base + static_cast<size_t>(ps) * d + j] = f32_to_bf16(normal(rng));
+        }
+      }
+    }
+    std::vector<uint16_t> q(static_cast<size_t>(s.num_seqs) * num_q_heads * d);
+    for (uint16_t& v : q) v = f32_to_bf16(s.q_scale * normal(rng));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+
+    // float64 reference from the same bf16 values.
+    std::vector<double> ref(q.size(), 0.0);
+    for (int i = 0; i < items; ++i) {
+      const int seq = i / s.num_kv_heads, kvh = i % s.num_kv_heads;
+      const int n = s.tokens[i];
+      for (int g = 0; g < s.group; ++g) {
+        const size_t row = (static_cast<size_t>(seq) * num_q_heads + kvh * s.group + g) * d;
+        std::vector<double> score(n);
+        double mx = -INFINITY;
+        for (int t = 0; t < n; ++t) {
+          const size_t base = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(t % ps) * d;
+          double dot = 0.0;
+          for (int j = 0; j < d; ++j) dot += static_cast<double>(bf16_to_f32(q[row + j])) * bf16_to_f32(pool[base + j]);
+          score[t] = dot * scale;
+          mx = std::max(mx, score[t]);
+        }
+        double sum = 0.0;
+        for (int t = 0; t < n; ++t) sum += (score[t] = std::exp(score[t] - mx));
+        for (int t = 0; t < n; ++t) {
+          const size_t vbase = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(ps) * d +
+                               static_cast<size_t>(t % ps) * d;
+          for (int j = 0; j < d; ++j) ref[row + j] += score[t] / sum * bf16_to_f32(pool[vbase + j]);
+        }
+      }
+    }
+
+    DeviceBuffer<uint16_t> d_pool(pool.size()), d_q(q.size());
+    DeviceBuffer<int32_t> d_ids(ids.size()), d_offsets(offsets.size()), d_tokens(items);
+    DeviceBuffer<OutT> d_out(q.size());
+    ASSERT_TRUE(d_pool.ptr && d_q.ptr && d_ids.ptr && d_offsets.ptr && d_tokens.ptr && d_out.ptr);
+    CUDA_OK(cudaMemcpy(d_pool.ptr, pool.data(), pool.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_q.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_ids.ptr, ids.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_offsets.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_tokens.ptr, s.tokens.data(), items * 4, cudaMemcpyHostToDevice));
+    cuda::PagedDecodeParams p;
+    p.q = reinterpret_cast<const __nv_bfloat16*>(d_q.ptr);
+    p.kv_pool = reinterpret_cast<const __nv_bfloat16*>(d_pool.ptr);
+    p.page_ids = d_ids.ptr;
+    p.list_offsets = d_offsets.ptr;
+    p.num_tokens = d_tokens.ptr;
+    p.num_seqs = s.num_seqs;
+    p.num_kv_heads = s.num_kv_heads;
+    p.group = s.group;
+    p.head_dim = d;
+    p.page_size = ps;
+    p.max_tokens = max_tokens;
+    p.scale = scale;
+    p.tokens_per_split = s.tokens_per_split;
+    const size_t ws_bytes = cuda::paged_decode_workspace_bytes(p);
+    DeviceBuffer<char> ws(ws_bytes);
+    ASSERT_TRUE(ws.ptr);
+
+    // Every load path (see PagedDecodeParams::load_path).
+    for (int path = 0; path <= 2; ++path) {
+      p.load_path = path;
+      CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
+      if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));
+      CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+
+      std::vector<OutT> out(q.size());
+      CUDA_OK(cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+      double num = 0.0, den = 0.0;
+      size_t non_finite = 0;
+      for (size_t k = 0; k < out.size(); ++k) {
+        double v;
+        if constexpr (sizeof(OutT) == 2) {
+          uint16_t bits;
+          std::memcpy(&bits, &out[k], 2);
+          v = bf16_to_f32(bits);
+        } else {
+          v = out[k];
+        }
+        if (!std::isfinite(v)) ++non_finite;
+        num += (v - ref[k]) * (v - ref[k]);
+        den += ref[k] * ref[k];
+      }
+      const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+      EXPECT_EQ(non_finite, 0u) << "load path " << path;
+      EXPECT_LE(rel, tolerance) << "load path " << path << " seqs " << s.num_seqs << " kv_heads "
+                                << s.num_kv_heads << " group " << s.group << " d " << d << " page "
+                                << ps << " split " << s.tokens_per_split << " splits "
+                                << cuda::paged_decode_splits(p);
+    }
+  }
+
+  std::vector<int> random_lengths(int items, int max_len) {
+    std::uniform_int_distribution<int> len(1, max_len);
+    std::vector<int> v(items);
+    for (int& x : v) x = len(rng);
+    return v;
+  }
+
+  std::mt19937 rng{std::random_device{}()};
+};
+
+TEST_F(GpuPagedAttention, GroupsHeadDimsAndPageSizes) {
+  for (int d : {64, 128})
+    for (int group : {1, 4, 5, 8})
+      for (int ps : {8, 16, 32, 64}) {
+        Shape s{2, 3, group, d, ps, random_lengths(6, 700), 0, 1.0f};
+        run<__nv_bfloat16>(s, 1e-2);
+      }
+}
+
+TEST_F(GpuPagedAttention, PartialPagesAndOddCounts) {
+  // Lengths around page and tile edges, one empty list (its output must be zeros).
+  Shape s{3, 4, 5, 128, 16, {1, 7, 15, 16, 17, 31, 33, 47, 0, 113, 255, 1001}, 0, 1.0f};
+  run<__nv_bfloat16>(s, 1e-2);
+  Shape s8{2, 2, 4, 64, 8, {1, 9, 23, 65}, 0, 1.0f};
+  run<float>(s8, 1e-2);
+}
+
+TEST_F(GpuPagedAttention, SplitKMergeMatchesReference) {
+  for (int tps : {64, 128, 192, 1024}) {
+    Shape s{2, 2, 5, 128, 16, random_lengths(4, 3000), tps, 1.0f};
+    run<__nv_bfloat16>(s, 1e-2);
+    Shape s64{1, 8, 4, 64, 32, random_lengths(8, 2000), tps, 1.0f};
+    run<float>(s64, 1e-2);
+  }
+}
+
+TEST_F(GpuPagedAttention, PeakySoftmaxAndLongLists) {
+  // q scaled 4x: a few tokens dominate, so running-max bookkeeping errors show.
+  Shape peaky{1, 2, 8, 128, 16, {4099, 2500}, 0, 4.0f};
+  run<float>(peaky, 1e-2);
+  Shape longest{1, 1, 5, 128, 64, {20000}, 0, 1.0f};
+  run<__nv_bfloat16>(longest, 1e-2);
+}
+
+TEST_F(GpuPagedAttention, RejectsUnsupportedShapes) {
+  cuda::PagedDecodeParams p;
+  p.num_seqs = 1;
+  p.num_kv_heads = 1;
+  p.max_tokens = 16;
+  p.scale = 1.0f;
+  float* out = nullptr;
+  using Edit = void (*)(cuda::PagedDecodeParams&);
+  for (Edit bad : std::initializer_list<Edit>{[](cuda::PagedDecodeParams& x) { x.group = 9; },
+                   [](cuda::PagedDecodeParams& x) { x.head_dim = 96; },
+                   [](cuda::PagedDecodeParams& x) { x.page_size = 12; },
+                   [](cuda::PagedDecodeParams& x) { x.page_size = 128; },
+                   [](cuda::PagedDecodeParams& x) { x.tokens_per_split = 100; },
+                   [](cuda::PagedDecodeParams& x) { x.load_path = 3; }}) {
+    cuda::PagedDecodeParams x = p;
+    bad(x);
+    EXPECT_EQ(cuda::paged_decode_attention(x, out, nullptr, 0, nullptr), cudaErrorInvalidValue);
+  }
+  // A workspace smaller than required is refused before any launch.
+  cuda::PagedDecodeParams split = p;
+  split.max_tokens = 100000;
+  ASSERT_GT(cuda::paged_decode_workspace_bytes(split), 0u);
+  EXPECT_EQ(cuda::paged_decode_attention(split, out, nullptr, 0, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace spin
