@@ -107,8 +107,12 @@ TEST(RopeTable, Llama3ScalingKeepsHighAndDividesLowFrequencies) {
   const RopeTable plain = make_rope_table(rope, 128);
   for (size_t i = 0; i < plain.inv_freq.size(); ++i) {
     const double wavelen = 2 * std::numbers::pi / plain.inv_freq[i];
-    if (wavelen < 8192.0 / 4) EXPECT_FLOAT_EQ(scaled.inv_freq[i], plain.inv_freq[i]);
-    if (wavelen > 8192.0) EXPECT_FLOAT_EQ(scaled.inv_freq[i], plain.inv_freq[i] / 8.0f);
+    if (wavelen < 8192.0 / 4) {
+      EXPECT_FLOAT_EQ(scaled.inv_freq[i], plain.inv_freq[i]);
+    }
+    if (wavelen > 8192.0) {
+      EXPECT_FLOAT_EQ(scaled.inv_freq[i], plain.inv_freq[i] / 8.0f);
+    }
     EXPECT_LE(scaled.inv_freq[i], plain.inv_freq[i] * (1 + 1e-6));
   }
 }

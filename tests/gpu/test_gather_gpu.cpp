@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_test.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -16,20 +18,10 @@
 namespace spin {
 namespace {
 
-#define CUDA_OK(expr)                                                           \
-  do {                                                                          \
-    const cudaError_t err_ = (expr);                                            \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
-  } while (0)
-
 constexpr unsigned char kPoison = 0xA5;
 
-class GpuGather : public ::testing::Test {
+class GpuGather : public GpuTest {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
-  }
 
   // host: pinned pool of host_pages pages (already filled); device pool of device_pages slots.
   void check(const unsigned char* host, const void* host_dev_ptr, int host_pages, int device_pages,

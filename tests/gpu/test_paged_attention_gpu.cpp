@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_test.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,12 +22,6 @@
 
 namespace spin {
 namespace {
-
-#define CUDA_OK(expr)                                                  \
-  do {                                                                 \
-    const cudaError_t err_ = (expr);                                   \
-    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
-  } while (0)
 
 constexpr uint16_t kBf16Nan = 0x7fc1;
 
@@ -51,12 +47,8 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
-class GpuPagedAttention : public ::testing::Test {
+class GpuPagedAttention : public GpuTest {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
-  }
 
   // Runs one shape with bf16 or fp32 output; returns the relative error against the reference.
   template <typename OutT>

@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_test.h"
+
 #include <cmath>
 #include <random>
 #include <vector>
@@ -13,8 +15,6 @@
 namespace spin {
 namespace {
 
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
-
 double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -25,12 +25,8 @@ double rel_error(const std::vector<float>& a, const std::vector<float>& ref) {
   return std::sqrt(num / den);
 }
 
-class GpuRmsNorm : public ::testing::Test {
+class GpuRmsNorm : public GpuTest {
  protected:
-  void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
-  }
   std::mt19937 rng{std::random_device{}()};
 };
 
