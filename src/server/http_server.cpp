@@ -1,0 +1,348 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+#include <optional>
+#include <random>
+
+#include "base/error.h"
+#include "server/openai_api.h"
+
+namespace spin::server {
+
+using nlohmann::json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
+                const std::string& param = {}, const std::string& code = {}) {
+  res.status = status;
+  res.set_content(dump(error_body(message, type, param, code)), "application/json");
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// One streaming response's shared state (the provider and the releaser both see it).
+struct StreamState {
+  OutputQueue queue;
+  uint64_t engine_id = 0;
+  bool sent_role = false;
+  bool done = false;
+  int64_t completion_tokens = 0;
+};
+
+}  // namespace
+
+struct HttpServer::State {
+  std::atomic<Engine*> engine{nullptr};
+  ApiContext ctx;
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error;
+  std::atomic<uint64_t> next_id{1};
+  std::string id_salt;
+  ServerConfig config;
+
+  std::string make_id(Endpoint ep) {
+    return fmt::format("{}-{}{:x}", ep == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_salt,
+                       next_id.fetch_add(1));
+  }
+};
+
+HttpServer::HttpServer(const ServerConfig& config)
+    : config_(config), http_(std::make_unique<httplib::Server>()), state_(std::make_shared<State>()) {
+  state_->config = config;
+  std::random_device rd;
+  state_->id_salt = fmt::format("{:08x}", rd());
+  install_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  if (config_.port == 0) {
+    const int port = http_->bind_to_any_port(config_.host);
+    SPIN_CHECK(port > 0, "cannot listen on {} (any port)", config_.host);
+    config_.port = port;
+    return port;
+  }
+  SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 1..65535, got {}", config_.port);
+  SPIN_CHECK(http_->bind_to_port(config_.host, config_.port), "cannot listen on {}:{} (in use, or a bad address?)",
+             config_.host, config_.port);
+  return config_.port;
+}
+
+void HttpServer::listen() { http_->listen_after_bind(); }
+
+void HttpServer::stop() {
+  if (http_) http_->stop();
+}
+
+void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name) {
+  State& st = *state_;
+  st.ctx.tokenizer = tokenizer;
+  st.ctx.model_name = std::move(model_name);
+  st.ctx.max_model_len = engine->config().max_model_len;
+  st.ctx.algorithms = engine->algorithms();
+  if (tokenizer) {
+    try {
+      st.chat_template.emplace(ChatTemplate::detect(tokenizer->chat_template(), *tokenizer));
+      st.ctx.chat_template = &*st.chat_template;
+    } catch (const Error& e) {
+      st.chat_template_error = e.what();
+      spdlog::warn("chat completions are off: {}", e.what());
+    }
+  }
+  st.engine.store(engine, std::memory_order_release);
+}
+
+namespace {
+
+Engine& live_engine(HttpServer::State& st);
+
+}  // namespace
+
+void HttpServer::install_routes() {
+  httplib::Server& http = *http_;
+  std::shared_ptr<State> st = state_;
+  const int threads = config_.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(config_.max_body_bytes);
+
+  http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
+    const std::string& key = st->config.api_key;
+    if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, 401, "authentication_error", "a valid API key is required (Authorization: Bearer <key>)",
+               "", "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  http.set_error_handler(httplib::Server::HandlerWithResponse([st](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+    if (!res.body.empty() || res.content_length_ > 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      send_error(res, 404, "not_found_error", fmt::format("no route for {} {}", req.method, req.path));
+    } else if (res.status == 413) {
+      send_error(res, 413, "invalid_request_error",
+                 fmt::format("the request body is larger than the limit of {} bytes", st->config.max_body_bytes),
+                 "", "request_too_large");
+    } else if (res.status >= 500) {
+      send_error(res, res.status, "server_error", "internal server error");
+    } else {
+      send_error(res, res.status, "invalid_request_error", fmt::format("bad request ({})", res.status));
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status >= 400) spdlog::info("{} {} -> {}", req.method, req.path, res.status);
+  });
+
+  // Every API handler: ApiError -> its status; spin::Error (bad input) -> 400; anything else 500.
+  auto guarded = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e.status, e.type, e.what(), e.param, e.code);
+      } catch (const EngineUnavailable& e) {
+        send_error(res, 503, "service_unavailable", e.what());
+      } catch (const Error& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+      } catch (const std::bad_alloc&) {
+        send_error(res, 503, "service_unavailable", "out of memory");
+      } catch (const std::exception& e) {
+        spdlog::error("{} {}: {}", req.method, req.path, e.what());
+        send_error(res, 500, "server_error", e.what());
+      }
+    };
+  };
+
+  http.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
+    Engine* engine = st->engine.load(std::memory_order_acquire);
+    if (!engine) return send_error(res, 503, "service_unavailable", "the model is loading");
+    if (!engine->alive()) return send_error(res, 503, "service_unavailable", "the engine stopped after an internal error");
+    res.set_content("", "text/plain");
+  });
+
+  http.Get("/metrics", [st](const httplib::Request&, httplib::Response& res) {
+    Engine* engine = st->engine.load(std::memory_order_acquire);
+    EngineMetrics m = engine ? engine->metrics() : EngineMetrics{};
+    res.set_content(render_metrics(m, engine && engine->alive()), "text/plain; version=0.0.4");
+  });
+
+  http.Get("/v1/models", guarded([st](const httplib::Request&, httplib::Response& res) {
+    live_engine(*st);
+    json model{{"id", st->ctx.model_name},
+               {"object", "model"},
+               {"created", unix_now()},
+               {"owned_by", "spin"},
+               {"max_model_len", st->ctx.max_model_len}};
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
+  }));
+
+  auto generate = [st](Endpoint ep) {
+    return [st, ep](const httplib::Request& req, httplib::Response& res) {
+      Engine& engine = live_engine(*st);
+      if (ep == Endpoint::ChatCompletions && !st->ctx.chat_template) {
+        throw ApiError(400, "invalid_request_error",
+                       "this model has no usable chat template (" + st->chat_template_error +
+                           "): use /v1/completions");
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      ParsedRequest pr = parse_request(ep, req.body, st->ctx);
+      const std::string id = st->make_id(ep);
+      const int64_t created = unix_now();
+      const std::string& model = st->ctx.model_name;
+      const int64_t n_prompt = static_cast<int64_t>(pr.prompt_ids.size());
+      auto stream = std::make_shared<StreamState>();
+      stream->engine_id = engine.add_request(std::move(pr.prompt_ids), pr.params,
+                                             [stream](const RequestOutput& out) { stream->queue.push(out); });
+
+      if (!pr.stream) {
+        std::string text;
+        for (;;) {
+          std::optional<RequestOutput> out = stream->queue.pop(std::chrono::milliseconds(1000));
+          if (!out) continue;
+          text += out->text;
+          if (!out->finished) continue;
+          spdlog::info("{} {} prompt={} completion={} finish={} e2e={:.3f}s", req.path, id, n_prompt,
+                       out->completion_tokens, out->finish_reason, seconds_since(t0));
+          if (out->finish_reason == "error") {
+            return send_error(res, 500, "server_error", "generation failed: " + out->error);
+          }
+          if (out->finish_reason == "abort") {
+            return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
+          }
+          res.set_content(dump(completion_body(ep, id, created, model, text, out->finish_reason,
+                                               out->prompt_tokens, out->completion_tokens)),
+                          "application/json");
+          return;
+        }
+      }
+
+      Engine* engine_ptr = &engine;
+      const bool include_usage = pr.include_usage;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [stream, engine_ptr, ep, id, created, model, include_usage, n_prompt, t0, path = req.path](
+              size_t, httplib::DataSink& sink) {
+            auto send = [&](const std::string& payload) {
+              const std::string event = "data: " + payload + "\n\n";
+              return sink.write(event.data(), event.size());
+            };
+            auto gone = [&] {
+              engine_ptr->abort(stream->engine_id);
+              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id,
+                           n_prompt, stream->completion_tokens);
+              return false;
+            };
+            if (ep == Endpoint::ChatCompletions && !stream->sent_role) {
+              stream->sent_role = true;
+              if (!send(dump(chunk_body(ep, id, created, model, "", "", true)))) return gone();
+            }
+            for (;;) {
+              std::optional<RequestOutput> out = stream->queue.pop(std::chrono::milliseconds(100));
+              if (!out) {
+                if (!sink.is_writable()) return gone();
+                continue;
+              }
+              stream->completion_tokens = out->completion_tokens;
+              if (!out->text.empty() && !send(dump(chunk_body(ep, id, created, model, out->text, "")))) {
+                return gone();
+              }
+              if (!out->finished) continue;
+              stream->done = true;
+              spdlog::info("{} {} stream prompt={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt,
+                           out->completion_tokens, out->finish_reason, seconds_since(t0));
+              if (out->finish_reason == "error" || out->finish_reason == "abort") {
+                const bool error = out->finish_reason == "error";
+                send(dump(error_body(error ? "generation failed: " + out->error
+                                           : "the request was aborted (server shutting down)",
+                                     error ? "server_error" : "service_unavailable")));
+              } else {
+                send(dump(chunk_body(ep, id, created, model, "", out->finish_reason)));
+                if (include_usage) {
+                  send(dump(usage_chunk_body(ep, id, created, model, out->prompt_tokens, out->completion_tokens)));
+                }
+              }
+              send("[DONE]");
+              sink.done();
+              return true;
+            }
+          },
+          [stream, engine_ptr](bool) {
+            // The connection ended before the request did (a write failed, the server stops).
+            if (!stream->done) engine_ptr->abort(stream->engine_id);
+          });
+    };
+  };
+  http.Post("/v1/completions", guarded(generate(Endpoint::Completions)));
+  http.Post("/v1/chat/completions", guarded(generate(Endpoint::ChatCompletions)));
+}
+
+namespace {
+
+Engine& live_engine(HttpServer::State& st) {
+  Engine* engine = st.engine.load(std::memory_order_acquire);
+  if (!engine) throw ApiError(503, "service_unavailable", "the model is still loading");
+  if (!engine->alive()) throw ApiError(503, "service_unavailable", "the engine stopped after an internal error");
+  return *engine;
+}
+
+void gauge(std::string& out, const char* name, const char* help, double value) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
+}
+
+void counter(std::string& out, const char* name, const char* help, double value) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
+}
+
+void histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  for (size_t i = 0; i < h.bounds().size(); ++i) {
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds()[i], h.cumulative_counts()[i]);
+  }
+  out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, h.count(), h.sum());
+}
+
+}  // namespace
+
+std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
+  std::string out;
+  gauge(out, "spin_engine_up", "1 while the engine runs, 0 while loading or after it failed", engine_alive ? 1 : 0);
+  gauge(out, "spin_num_requests_running", "Requests in the running batch", static_cast<double>(m.requests_running));
+  gauge(out, "spin_num_requests_waiting", "Requests waiting to be scheduled", static_cast<double>(m.requests_waiting));
+  gauge(out, "spin_kv_tokens_used", "KV tokens held by requests (whole blocks)", static_cast<double>(m.kv_tokens_used));
+  gauge(out, "spin_kv_tokens_capacity", "KV-token budget of all requests together",
+        static_cast<double>(m.kv_tokens_capacity));
+  counter(out, "spin_prompt_tokens_total", "Prompt tokens received", static_cast<double>(m.prompt_tokens_total));
+  counter(out, "spin_generation_tokens_total", "Tokens generated", static_cast<double>(m.generation_tokens_total));
+  counter(out, "spin_num_preemptions_total", "Requests preempted (KV freed, recomputed later)",
+          static_cast<double>(m.preemptions_total));
+  out += "# HELP spin_request_success_total Requests finished, by reason\n# TYPE spin_request_success_total counter\n";
+  out += fmt::format("spin_request_success_total{{finished_reason=\"stop\"}} {}\n", m.requests_finished_stop);
+  out += fmt::format("spin_request_success_total{{finished_reason=\"length\"}} {}\n", m.requests_finished_length);
+  counter(out, "spin_requests_aborted_total", "Requests aborted (client gone or shutdown)",
+          static_cast<double>(m.requests_aborted));
+  counter(out, "spin_engine_steps_total", "Scheduler iterations", static_cast<double>(m.steps_total));
+  histogram(out, "spin_time_to_first_token_seconds", "Time from arrival to the first token", m.time_to_first_token);
+  histogram(out, "spin_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+            m.inter_token_latency);
+  histogram(out, "spin_e2e_request_latency_seconds", "Time from arrival to the last token", m.e2e_latency);
+  return out;
+}
+
+}  // namespace spin::server
