@@ -47,42 +47,46 @@ const json* field(const json& body, const char* name) {
   return &*it;
 }
 
-std::optional<double> get_number(const json& body, const char* name) {
+std::optional<double> get_number(const json& body, const char* name, const std::string& prefix = {}) {
+  const std::string param = prefix + name;
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_number()) bad_request(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
+  if (!v->is_number()) bad_request(param, fmt::format("'{}' must be a number, got {}", param, type_name(*v)));
   const double x = v->get<double>();
-  if (!std::isfinite(x)) bad_request(name, fmt::format("'{}' must be finite", name));
+  if (!std::isfinite(x)) bad_request(param, fmt::format("'{}' must be finite", param));
   return x;
 }
 
-std::optional<int64_t> get_int(const json& body, const char* name) {
+std::optional<int64_t> get_int(const json& body, const char* name, const std::string& prefix = {}) {
+  const std::string param = prefix + name;
   const json* v = field(body, name);
   if (!v) return std::nullopt;
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      bad_request(name, fmt::format("'{}' is too large: {}", name, u));
+      bad_request(param, fmt::format("'{}' is too large: {}", param, u));
     }
     return static_cast<int64_t>(u);
   }
   if (!v->is_number_integer()) {
-    bad_request(name, fmt::format("'{}' must be an integer, got {}", name, type_name(*v)));
+    bad_request(param, fmt::format("'{}' must be an integer, got {}", param, type_name(*v)));
   }
   return v->get<int64_t>();
 }
 
-std::optional<bool> get_bool(const json& body, const char* name) {
+std::optional<bool> get_bool(const json& body, const char* name, const std::string& prefix = {}) {
+  const std::string param = prefix + name;
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_boolean()) bad_request(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
+  if (!v->is_boolean()) bad_request(param, fmt::format("'{}' must be a boolean, got {}", param, type_name(*v)));
   return v->get<bool>();
 }
 
-std::optional<std::string> get_string(const json& body, const char* name) {
+std::optional<std::string> get_string(const json& body, const char* name, const std::string& prefix = {}) {
+  const std::string param = prefix + name;
   const json* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_string()) bad_request(name, fmt::format("'{}' must be a string, got {}", name, type_name(*v)));
+  if (!v->is_string()) bad_request(param, fmt::format("'{}' must be a string, got {}", param, type_name(*v)));
   return v->get<std::string>();
 }
 
@@ -262,7 +266,7 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
     if (!r.stream) bad_request("stream_options", "'stream_options' is only allowed with stream: true");
-    r.include_usage = get_bool(*so, "include_usage").value_or(false);
+    r.include_usage = get_bool(*so, "include_usage", "stream_options.").value_or(false);
   }
 
   if (const json* ext = field(body, "spin")) {
@@ -272,14 +276,14 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
         bad_request("spin." + key, fmt::format("unknown field 'spin.{}' (known: algorithm, budget)", key));
       }
     }
-    if (auto algorithm = get_string(*ext, "algorithm")) {
+    if (auto algorithm = get_string(*ext, "algorithm", "spin.")) {
       if (std::find(ctx.algorithms.begin(), ctx.algorithms.end(), *algorithm) == ctx.algorithms.end()) {
         bad_request("spin.algorithm", fmt::format("unknown attention algorithm '{}' (known: {})", *algorithm,
                                                   fmt::join(ctx.algorithms, ", ")));
       }
       p.attention.algorithm = *algorithm;
     }
-    if (auto budget = get_int(*ext, "budget")) {
+    if (auto budget = get_int(*ext, "budget", "spin.")) {
       if (*budget < 1) bad_request("spin.budget", fmt::format("'spin.budget' must be positive, got {}", *budget));
       p.attention.budget = *budget;
     }
