@@ -30,22 +30,6 @@ struct Engine::Request {
       : params(p), on_output(std::move(cb)), sampler(p.sampling), stops(p.stop) {}
 };
 
-void OutputQueue::push(const RequestOutput& output) {
-  {
-    std::lock_guard lock(mutex_);
-    items_.push_back(output);
-  }
-  ready_.notify_one();
-}
-
-std::optional<RequestOutput> OutputQueue::pop(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mutex_);
-  if (!ready_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
-  RequestOutput out = std::move(items_.front());
-  items_.pop_front();
-  return out;
-}
-
 Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
                std::unique_ptr<AttentionFactory> factory)
     : model_(model), tokenizer_(tokenizer), config_(config), factory_(std::move(factory)) {

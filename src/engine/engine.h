@@ -61,18 +61,33 @@ struct RequestOutput {
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
 
-// A thread-safe queue of one request's outputs: the engine thread pushes, a server thread waits.
-class OutputQueue {
+// A thread-safe queue: the engine thread pushes a request's outputs, a server thread waits.
+template <typename T>
+class BlockingQueue {
  public:
-  void push(const RequestOutput& output);
-  // The next output, or nothing after `timeout`.
-  std::optional<RequestOutput> pop(std::chrono::milliseconds timeout);
+  void push(T item) {
+    {
+      std::lock_guard lock(mutex_);
+      items_.push_back(std::move(item));
+    }
+    ready_.notify_one();
+  }
+  // The next item, or nothing after `timeout`.
+  std::optional<T> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    if (!ready_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    T item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
 
  private:
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<RequestOutput> items_;
+  std::deque<T> items_;
 };
+
+using OutputQueue = BlockingQueue<RequestOutput>;
 
 // What one step ran (for tests and logs).
 struct ScheduledChunk {

@@ -31,13 +31,26 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// One streaming response's shared state (the provider and the releaser both see it).
-struct StreamState {
-  OutputQueue queue;
-  uint64_t engine_id = 0;
+// The n engine requests of one API request (one per choice) and what the handler has seen of
+// them; the stream provider and its releaser share it.
+struct ChoiceSet {
+  BlockingQueue<std::pair<size_t, RequestOutput>> queue;  // (choice index, output)
+  std::vector<uint64_t> engine_ids;
+  std::vector<bool> finished;
+  std::vector<int64_t> completion_tokens;
   bool sent_role = false;
   bool done = false;
-  int64_t completion_tokens = 0;
+
+  int64_t total_completion_tokens() const {
+    int64_t total = 0;
+    for (int64_t t : completion_tokens) total += t;
+    return total;
+  }
+  void abort_unfinished(Engine& engine) const {
+    for (size_t i = 0; i < engine_ids.size(); ++i) {
+      if (!finished[i]) engine.abort(engine_ids[i]);
+    }
+  }
 };
 
 }  // namespace
@@ -206,30 +219,50 @@ void HttpServer::install_routes() {
       const int64_t created = unix_now();
       const std::string& model = st->ctx.model_name;
       const int64_t n_prompt = static_cast<int64_t>(pr.prompt_ids.size());
-      auto stream = std::make_shared<StreamState>();
-      stream->engine_id = engine.add_request(std::move(pr.prompt_ids), pr.params,
-                                             [stream](const RequestOutput& out) { stream->queue.push(out); });
+      auto choices = std::make_shared<ChoiceSet>();
+      const size_t n = static_cast<size_t>(pr.n);
+      choices->finished.assign(n, false);
+      choices->completion_tokens.assign(n, 0);
+      try {
+        for (size_t i = 0; i < n; ++i) {
+          RequestParams params = pr.params;
+          // Distinct choices from one seed: choice i samples with seed + i.
+          if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + i;
+          choices->engine_ids.push_back(engine.add_request(
+              pr.prompt_ids, params, [choices, i](const RequestOutput& out) { choices->queue.push({i, out}); }));
+        }
+      } catch (...) {
+        for (uint64_t engine_id : choices->engine_ids) engine.abort(engine_id);
+        throw;
+      }
 
       if (!pr.stream) {
-        std::string text;
-        for (;;) {
-          std::optional<RequestOutput> out = stream->queue.pop(std::chrono::milliseconds(1000));
-          if (!out) continue;
-          text += out->text;
-          if (!out->finished) continue;
-          spdlog::info("{} {} prompt={} completion={} finish={} e2e={:.3f}s", req.path, id, n_prompt,
-                       out->completion_tokens, out->finish_reason, seconds_since(t0));
-          if (out->finish_reason == "error") {
-            return send_error(res, 500, "server_error", "generation failed: " + out->error);
-          }
-          if (out->finish_reason == "abort") {
-            return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
-          }
-          res.set_content(dump(completion_body(ep, id, created, model, text, out->finish_reason,
-                                               out->prompt_tokens, out->completion_tokens)),
-                          "application/json");
-          return;
+        std::vector<Choice> results(n);
+        std::string failure;
+        size_t n_finished = 0;
+        while (n_finished < n) {
+          auto item = choices->queue.pop(std::chrono::milliseconds(1000));
+          if (!item) continue;
+          auto& [i, out] = *item;
+          results[i].text += out.text;
+          choices->completion_tokens[i] = out.completion_tokens;
+          if (!out.finished) continue;
+          ++n_finished;
+          choices->finished[i] = true;
+          results[i].finish_reason = out.finish_reason;
+          if (out.finish_reason == "error") failure = "generation failed: " + out.error;
+          if (out.finish_reason == "abort" && failure.empty()) failure = "abort";
         }
+        spdlog::info("{} {} prompt={} n={} completion={} finish={} e2e={:.3f}s", req.path, id, n_prompt, n,
+                     choices->total_completion_tokens(), results[0].finish_reason, seconds_since(t0));
+        if (failure == "abort") {
+          return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
+        }
+        if (!failure.empty()) return send_error(res, 500, "server_error", failure);
+        res.set_content(dump(completion_body(ep, id, created, model, results, n_prompt,
+                                             choices->total_completion_tokens())),
+                        "application/json");
+        return;
       }
 
       Engine* engine_ptr = &engine;
@@ -237,55 +270,67 @@ void HttpServer::install_routes() {
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [stream, engine_ptr, ep, id, created, model, include_usage, n_prompt, t0, path = req.path](
+          [choices, engine_ptr, ep, id, created, model, include_usage, n_prompt, n, t0, path = req.path](
               size_t, httplib::DataSink& sink) {
             auto send = [&](const std::string& payload) {
               const std::string event = "data: " + payload + "\n\n";
               return sink.write(event.data(), event.size());
             };
             auto gone = [&] {
-              engine_ptr->abort(stream->engine_id);
-              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id,
-                           n_prompt, stream->completion_tokens);
+              choices->abort_unfinished(*engine_ptr);
+              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id, n_prompt,
+                           choices->total_completion_tokens());
               return false;
             };
-            if (ep == Endpoint::ChatCompletions && !stream->sent_role) {
-              stream->sent_role = true;
-              if (!send(dump(chunk_body(ep, id, created, model, "", "", true)))) return gone();
+            if (ep == Endpoint::ChatCompletions && !choices->sent_role) {
+              choices->sent_role = true;
+              for (size_t i = 0; i < n; ++i) {
+                if (!send(dump(chunk_body(ep, id, created, model, i, "", "", true)))) return gone();
+              }
             }
-            for (;;) {
-              std::optional<RequestOutput> out = stream->queue.pop(std::chrono::milliseconds(100));
-              if (!out) {
+            std::string failure;
+            size_t n_finished = 0;
+            std::string last_reason;
+            while (n_finished < n) {
+              auto item = choices->queue.pop(std::chrono::milliseconds(100));
+              if (!item) {
                 if (!sink.is_writable()) return gone();
                 continue;
               }
-              stream->completion_tokens = out->completion_tokens;
-              if (!out->text.empty() && !send(dump(chunk_body(ep, id, created, model, out->text, "")))) {
+              auto& [i, out] = *item;
+              choices->completion_tokens[i] = out.completion_tokens;
+              if (!out.text.empty() && !send(dump(chunk_body(ep, id, created, model, i, out.text, "")))) {
                 return gone();
               }
-              if (!out->finished) continue;
-              stream->done = true;
-              spdlog::info("{} {} stream prompt={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt,
-                           out->completion_tokens, out->finish_reason, seconds_since(t0));
-              if (out->finish_reason == "error" || out->finish_reason == "abort") {
-                const bool error = out->finish_reason == "error";
-                send(dump(error_body(error ? "generation failed: " + out->error
-                                           : "the request was aborted (server shutting down)",
-                                     error ? "server_error" : "service_unavailable")));
-              } else {
-                send(dump(chunk_body(ep, id, created, model, "", out->finish_reason)));
-                if (include_usage) {
-                  send(dump(usage_chunk_body(ep, id, created, model, out->prompt_tokens, out->completion_tokens)));
-                }
+              if (!out.finished) continue;
+              ++n_finished;
+              choices->finished[i] = true;
+              last_reason = out.finish_reason;
+              if (out.finish_reason == "error") {
+                failure = "generation failed: " + out.error;
+              } else if (out.finish_reason == "abort") {
+                if (failure.empty()) failure = "abort";
+              } else if (!send(dump(chunk_body(ep, id, created, model, i, "", out.finish_reason)))) {
+                return gone();
               }
-              send("[DONE]");
-              sink.done();
-              return true;
             }
+            choices->done = true;
+            spdlog::info("{} {} stream prompt={} n={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt, n,
+                         choices->total_completion_tokens(), last_reason, seconds_since(t0));
+            if (!failure.empty()) {
+              const bool aborted = failure == "abort";
+              send(dump(error_body(aborted ? "the request was aborted (server shutting down)" : failure,
+                                   aborted ? "service_unavailable" : "server_error")));
+            } else if (include_usage) {
+              send(dump(usage_chunk_body(ep, id, created, model, n_prompt, choices->total_completion_tokens())));
+            }
+            send("[DONE]");
+            sink.done();
+            return true;
           },
-          [stream, engine_ptr](bool) {
+          [choices, engine_ptr](bool) {
             // The connection ended before the request did (a write failed, the server stops).
-            if (!stream->done) engine_ptr->abort(stream->engine_id);
+            if (!choices->done) choices->abort_unfinished(*engine_ptr);
           });
     };
   };

@@ -180,9 +180,6 @@ std::vector<std::string> stop_strings(const json& body) {
 }
 
 void refuse_unsupported(const json& body, Endpoint endpoint) {
-  if (auto n = get_int(body, "n"); n && *n != 1) {
-    bad_request("n", fmt::format("n = {} is not supported yet (only n = 1)", *n));
-  }
   if (auto b = get_int(body, "best_of"); b && *b != 1) {
     bad_request("best_of", "best_of is not supported");
   }
@@ -262,6 +259,10 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     bad_request(max_param, fmt::format("'{}' must be at least 1, got {}", max_param, *max_tokens));
   }
 
+  if (auto n = get_int(body, "n")) {
+    if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in 1..{}, got {}", kMaxChoices, *n));
+    r.n = *n;
+  }
   r.stream = get_bool(body, "stream").value_or(false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) bad_request("stream_options", "'stream_options' must be an object");
@@ -329,25 +330,28 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
 }
 
 json completion_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                     const std::string& text, const std::string& finish_reason, int64_t prompt_tokens,
-                     int64_t completion_tokens) {
-  json choice{{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
-  if (endpoint == Endpoint::ChatCompletions) {
-    choice["message"] = json{{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+                     const std::vector<Choice>& choices, int64_t prompt_tokens, int64_t completion_tokens) {
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json choice{{"index", i}, {"logprobs", nullptr}, {"finish_reason", choices[i].finish_reason}};
+    if (endpoint == Endpoint::ChatCompletions) {
+      choice["message"] = json{{"role", "assistant"}, {"content", choices[i].text}};
+    } else {
+      choice["text"] = choices[i].text;
+    }
+    list.push_back(std::move(choice));
   }
   return json{{"id", id},
               {"object", endpoint == Endpoint::ChatCompletions ? "chat.completion" : "text_completion"},
               {"created", created},
               {"model", model},
-              {"choices", json::array({choice})},
+              {"choices", std::move(list)},
               {"usage", usage_json(prompt_tokens, completion_tokens)}};
 }
 
 json chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                const std::string& text, const std::string& finish_reason, bool role_only) {
-  json choice{{"index", 0}, {"logprobs", nullptr},
+                size_t index, const std::string& text, const std::string& finish_reason, bool role_only) {
+  json choice{{"index", index}, {"logprobs", nullptr},
               {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
   if (endpoint == Endpoint::ChatCompletions) {
     json delta = json::object();

@@ -36,12 +36,15 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
 
 enum class Endpoint { Completions, ChatCompletions };
 
+constexpr int64_t kMaxChoices = 16;  // the most `n` one request may ask for
+
 // What a completions or chat request asks for, validated.
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::vector<int32_t> prompt_ids;
   RequestParams params;
   bool max_tokens_given = false;
+  int64_t n = 1;  // choices: n engine requests on the same prompt
   bool stream = false;
   bool include_usage = false;
 };
@@ -59,14 +62,17 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const Ap
 
 // Response bodies.
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+};
 nlohmann::json completion_body(Endpoint endpoint, const std::string& id, int64_t created,
-                               const std::string& model, const std::string& text,
-                               const std::string& finish_reason, int64_t prompt_tokens,
-                               int64_t completion_tokens);
-// One stream chunk carrying `text` (chat: a content delta; role_only: the first chat chunk with
-// the assistant role) and, when non-empty, a finish reason.
+                               const std::string& model, const std::vector<Choice>& choices,
+                               int64_t prompt_tokens, int64_t completion_tokens);
+// One stream chunk of choice `index` carrying `text` (chat: a content delta; role_only: the
+// first chat chunk with the assistant role) and, when non-empty, a finish reason.
 nlohmann::json chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
-                          const std::string& model, const std::string& text,
+                          const std::string& model, size_t index, const std::string& text,
                           const std::string& finish_reason, bool role_only = false);
 // The final usage-only chunk of stream_options.include_usage.
 nlohmann::json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,

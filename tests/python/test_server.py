@@ -273,6 +273,33 @@ def test_seed_reproducibility(client):
     assert len({first, sample(1), sample(2)}) >= 2
 
 
+def test_n_choices(client):
+    one = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[5], max_tokens=6, temperature=0)
+    three = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[5], max_tokens=6, temperature=0, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert all(c.text == one.choices[0].text for c in three.choices)
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+
+    # Sampled: choice i draws with seed + i, so each choice equals a single request with that seed.
+    messages = [{"role": "user", "content": "Write a word."}]
+    two = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=1.0,
+                                         seed=77, n=2)
+    for i in range(2):
+        single = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6,
+                                                temperature=1.0, seed=77 + i)
+        assert two.choices[i].message.content == single.choices[0].message.content
+    streamed = ["", ""]
+    reasons = [None, None]
+    for chunk in client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6,
+                                                temperature=1.0, seed=77, n=2, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+            reasons[c.index] = c.finish_reason or reasons[c.index]
+    assert streamed == [c.message.content for c in two.choices]
+    assert reasons == [c.finish_reason for c in two.choices]
+
+
 def assert_error(result, status, param=None, contains=()):
     got_status, _, body = result
     assert got_status == status, body
@@ -301,7 +328,8 @@ def test_client_errors(server, hf_tokenizer):
     assert_error(server.api("/v1/chat/completions", {"messages": "hi"}), 400, "messages")
     assert_error(server.api("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}), 400,
                  "messages[0].role")
-    assert_error(server.api("/v1/completions", {"prompt": "hi", "n": 2}), 400, "n")
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "n": 0}), 400, "n")
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "n": 17}), 400, "n")
     assert_error(server.api("/v1/completions", {"prompt": "hi", "logprobs": 2}), 400, "logprobs",
                  ["not supported"])
 
