@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
@@ -29,6 +30,24 @@ struct Engine::Request {
   Request(const RequestParams& p, OutputCallback cb)
       : params(p), on_output(std::move(cb)), sampler(p.sampling), stops(p.stop) {}
 };
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n) {
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  const double log_z = top + std::log(sum);
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = static_cast<float>(logits[id] - log_z);
+  const size_t n = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (size_t i = 0; i < n; ++i) t.top.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
+  return t;
+}
 
 Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
                std::unique_ptr<AttentionFactory> factory)
@@ -241,6 +260,7 @@ void Engine::sample_next(Request& r, std::span<const float> logits, RequestOutpu
   if (is_stop_id && !r.params.ignore_eos) {
     reason = "stop";
   } else {
+    if (r.params.top_logprobs >= 0) out.logprobs.push_back(token_logprob(logits, id, r.params.top_logprobs));
     r.tokens.push_back(id);
     if (r.decoder) {
       out.text += r.stops.push(r.decoder->push(id));

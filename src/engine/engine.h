@@ -45,12 +45,23 @@ struct RequestParams {
   std::vector<std::string> stop;  // stop strings (removed from the text)
   bool ignore_eos = false;
   AttentionSettings attention;
+  // >= 0: report each sampled token's log-probability (of the model's distribution, before
+  // temperature and filters) and this many most likely alternatives. -1: off.
+  int top_logprobs = -1;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
 };
 
 // One streamed update of a request. The last one has finished set.
 struct RequestOutput {
   uint64_t request_id = 0;
   std::vector<int32_t> token_ids;  // tokens sampled in this step
+  // With top_logprobs >= 0: one entry per sampled token except a final stop token.
+  std::vector<TokenLogprob> logprobs;
   std::string text;                // new text (whole UTF-8 characters, stop strings removed)
   bool finished = false;
   std::string finish_reason;       // when finished: "stop", "length", "abort" or "error"
@@ -108,6 +119,9 @@ class EngineUnavailable : public Error {
  public:
   using Error::Error;
 };
+
+// The log-probability of `id` under softmax(logits) and the top_n most likely tokens.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n);
 
 class Engine {
  public:

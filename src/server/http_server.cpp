@@ -13,7 +13,8 @@
 
 namespace spin::server {
 
-using nlohmann::json;
+// Responses keep their field order (id, object, ...; top_logprobs most likely first).
+using json = nlohmann::ordered_json;
 
 namespace {
 
@@ -38,6 +39,7 @@ struct ChoiceSet {
   std::vector<uint64_t> engine_ids;
   std::vector<bool> finished;
   std::vector<int64_t> completion_tokens;
+  std::vector<int64_t> text_bytes;  // text sent so far per choice (logprobs text_offset)
   bool sent_role = false;
   bool done = false;
 
@@ -223,6 +225,9 @@ void HttpServer::install_routes() {
       const size_t n = static_cast<size_t>(pr.n);
       choices->finished.assign(n, false);
       choices->completion_tokens.assign(n, 0);
+      choices->text_bytes.assign(n, 0);
+      const bool with_logprobs = pr.params.top_logprobs >= 0;
+      const Tokenizer* tokenizer = st->ctx.tokenizer;
       try {
         for (size_t i = 0; i < n; ++i) {
           RequestParams params = pr.params;
@@ -238,6 +243,7 @@ void HttpServer::install_routes() {
 
       if (!pr.stream) {
         std::vector<Choice> results(n);
+        std::vector<std::vector<TokenLogprob>> logprobs(n);
         std::string failure;
         size_t n_finished = 0;
         while (n_finished < n) {
@@ -245,6 +251,7 @@ void HttpServer::install_routes() {
           if (!item) continue;
           auto& [i, out] = *item;
           results[i].text += out.text;
+          logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(), out.logprobs.end());
           choices->completion_tokens[i] = out.completion_tokens;
           if (!out.finished) continue;
           ++n_finished;
@@ -259,6 +266,9 @@ void HttpServer::install_routes() {
           return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
         }
         if (!failure.empty()) return send_error(res, 500, "server_error", failure);
+        if (with_logprobs) {
+          for (size_t i = 0; i < n; ++i) results[i].logprobs = logprobs_json(ep, tokenizer, logprobs[i], 0);
+        }
         res.set_content(dump(completion_body(ep, id, created, model, results, n_prompt,
                                              choices->total_completion_tokens())),
                         "application/json");
@@ -270,8 +280,8 @@ void HttpServer::install_routes() {
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [choices, engine_ptr, ep, id, created, model, include_usage, n_prompt, n, t0, path = req.path](
-              size_t, httplib::DataSink& sink) {
+          [choices, engine_ptr, ep, id, created, model, include_usage, n_prompt, n, t0, with_logprobs, tokenizer,
+           path = req.path](size_t, httplib::DataSink& sink) {
             auto send = [&](const std::string& payload) {
               const std::string event = "data: " + payload + "\n\n";
               return sink.write(event.data(), event.size());
@@ -299,8 +309,11 @@ void HttpServer::install_routes() {
               }
               auto& [i, out] = *item;
               choices->completion_tokens[i] = out.completion_tokens;
-              if (!out.text.empty() && !send(dump(chunk_body(ep, id, created, model, i, out.text, "")))) {
-                return gone();
+              if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
+                const json logprobs =
+                    with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
+                choices->text_bytes[i] += static_cast<int64_t>(out.text.size());
+                if (!send(dump(chunk_body(ep, id, created, model, i, out.text, "", false, logprobs)))) return gone();
               }
               if (!out.finished) continue;
               ++n_finished;

@@ -12,14 +12,15 @@
 namespace spin::server {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // responses keep their field order
 
-json error_body(const std::string& message, const std::string& type, const std::string& param,
+ojson error_body(const std::string& message, const std::string& type, const std::string& param,
                 const std::string& code) {
-  return json{{"error",
+  return ojson{{"error",
                {{"message", message},
                 {"type", type},
-                {"param", param.empty() ? json(nullptr) : json(param)},
-                {"code", code.empty() ? json(nullptr) : json(code)}}}};
+                {"param", param.empty() ? ojson(nullptr) : ojson(param)},
+                {"code", code.empty() ? ojson(nullptr) : ojson(code)}}}};
 }
 
 void bad_request(const std::string& param, const std::string& message) {
@@ -183,12 +184,6 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (auto b = get_int(body, "best_of"); b && *b != 1) {
     bad_request("best_of", "best_of is not supported");
   }
-  const json* lp = field(body, "logprobs");
-  const bool wants_logprobs = lp && ((lp->is_boolean() && lp->get<bool>()) || lp->is_number());
-  if (lp && !lp->is_boolean() && !lp->is_number()) bad_request("logprobs", "'logprobs' must be a boolean or an integer");
-  if (wants_logprobs || field(body, "top_logprobs")) {
-    bad_request(wants_logprobs ? "logprobs" : "top_logprobs", "logprobs are not supported yet");
-  }
   for (const char* name : {"presence_penalty", "frequency_penalty"}) {
     if (auto x = get_number(body, name); x && *x != 0.0) {
       bad_request(name, fmt::format("'{}' is not supported yet (only 0)", name));
@@ -259,6 +254,26 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     bad_request(max_param, fmt::format("'{}' must be at least 1, got {}", max_param, *max_tokens));
   }
 
+  // Completions: "logprobs": N alternatives. Chat: "logprobs": true and "top_logprobs": N.
+  if (endpoint == Endpoint::Completions) {
+    if (auto lp = get_int(body, "logprobs")) {
+      if (*lp < 0 || *lp > kMaxTopLogprobs) {
+        bad_request("logprobs", fmt::format("'logprobs' must be in 0..{}, got {}", kMaxTopLogprobs, *lp));
+      }
+      p.top_logprobs = static_cast<int>(*lp);
+    }
+  } else {
+    const bool wanted = get_bool(body, "logprobs").value_or(false);
+    if (auto top = get_int(body, "top_logprobs")) {
+      if (!wanted) bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      if (*top < 0 || *top > kMaxTopLogprobs) {
+        bad_request("top_logprobs", fmt::format("'top_logprobs' must be in 0..{}, got {}", kMaxTopLogprobs, *top));
+      }
+      p.top_logprobs = static_cast<int>(*top);
+    } else if (wanted) {
+      p.top_logprobs = 0;
+    }
+  }
   if (auto n = get_int(body, "n")) {
     if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in 1..{}, got {}", kMaxChoices, *n));
     r.n = *n;
@@ -323,25 +338,25 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   return r;
 }
 
-json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
-  return json{{"prompt_tokens", prompt_tokens},
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return ojson{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
               {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-json completion_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+ojson completion_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                      const std::vector<Choice>& choices, int64_t prompt_tokens, int64_t completion_tokens) {
-  json list = json::array();
+  ojson list = ojson::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    json choice{{"index", i}, {"logprobs", nullptr}, {"finish_reason", choices[i].finish_reason}};
+    ojson choice{{"index", i}, {"logprobs", choices[i].logprobs}, {"finish_reason", choices[i].finish_reason}};
     if (endpoint == Endpoint::ChatCompletions) {
-      choice["message"] = json{{"role", "assistant"}, {"content", choices[i].text}};
+      choice["message"] = ojson{{"role", "assistant"}, {"content", choices[i].text}};
     } else {
       choice["text"] = choices[i].text;
     }
     list.push_back(std::move(choice));
   }
-  return json{{"id", id},
+  return ojson{{"id", id},
               {"object", endpoint == Endpoint::ChatCompletions ? "chat.completion" : "text_completion"},
               {"created", created},
               {"model", model},
@@ -349,14 +364,15 @@ json completion_body(Endpoint endpoint, const std::string& id, int64_t created, 
               {"usage", usage_json(prompt_tokens, completion_tokens)}};
 }
 
-json chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
-                size_t index, const std::string& text, const std::string& finish_reason, bool role_only) {
-  json choice{{"index", index}, {"logprobs", nullptr},
-              {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+ojson chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+                size_t index, const std::string& text, const std::string& finish_reason, bool role_only,
+                const ojson& logprobs) {
+  ojson choice{{"index", index}, {"logprobs", logprobs},
+              {"finish_reason", finish_reason.empty() ? ojson(nullptr) : ojson(finish_reason)}};
   if (endpoint == Endpoint::ChatCompletions) {
-    json delta = json::object();
+    ojson delta = ojson::object();
     if (role_only) {
-      delta = json{{"role", "assistant"}, {"content", ""}};
+      delta = ojson{{"role", "assistant"}, {"content", ""}};
     } else if (!text.empty()) {
       delta["content"] = text;
     }
@@ -364,20 +380,56 @@ json chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const
   } else {
     choice["text"] = text;
   }
-  return json{{"id", id},
+  return ojson{{"id", id},
               {"object", endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
               {"model", model},
-              {"choices", json::array({choice})}};
+              {"choices", ojson::array({choice})}};
 }
 
-json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
+ojson logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer, const std::vector<TokenLogprob>& entries,
+                   int64_t text_offset) {
+  auto bytes_of = [&](int32_t id) {
+    return tokenizer ? tokenizer->token_bytes(id) : fmt::format("<{}>", id);
+  };
+  if (endpoint == Endpoint::ChatCompletions) {
+    auto item = [&](int32_t id, float logprob) {
+      const std::string b = bytes_of(id);
+      std::vector<int> byte_values;
+      for (unsigned char c : b) byte_values.push_back(c);
+      return ojson{{"token", b}, {"logprob", logprob}, {"bytes", byte_values}};
+    };
+    ojson content = ojson::array();
+    for (const TokenLogprob& e : entries) {
+      ojson entry = item(e.id, e.logprob);
+      entry["top_logprobs"] = ojson::array();
+      for (const auto& [id, lp] : e.top) entry["top_logprobs"].push_back(item(id, lp));
+      content.push_back(std::move(entry));
+    }
+    return ojson{{"content", std::move(content)}};
+  }
+  ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
+  for (const TokenLogprob& e : entries) {
+    const std::string b = bytes_of(e.id);
+    tokens.push_back(b);
+    token_logprobs.push_back(e.logprob);
+    ojson alternatives = ojson::object();
+    for (const auto& [id, lp] : e.top) alternatives[bytes_of(id)] = lp;
+    top.push_back(std::move(alternatives));
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(b.size());
+  }
+  return ojson{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
+              {"text_offset", offsets}};
+}
+
+ojson usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,
                       int64_t prompt_tokens, int64_t completion_tokens) {
-  return json{{"id", id},
+  return ojson{{"id", id},
               {"object", endpoint == Endpoint::ChatCompletions ? "chat.completion.chunk" : "text_completion"},
               {"created", created},
               {"model", model},
-              {"choices", json::array()},
+              {"choices", ojson::array()},
               {"usage", usage_json(prompt_tokens, completion_tokens)}};
 }
 

@@ -28,7 +28,7 @@ class ApiError : public std::runtime_error {
 };
 
 // {"error": {"message", "type", "param", "code"}} (param/code null when empty).
-nlohmann::json error_body(const std::string& message, const std::string& type,
+nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
                           const std::string& param = {}, const std::string& code = {});
 
 // 400 invalid_request_error naming the parameter.
@@ -36,7 +36,8 @@ nlohmann::json error_body(const std::string& message, const std::string& type,
 
 enum class Endpoint { Completions, ChatCompletions };
 
-constexpr int64_t kMaxChoices = 16;  // the most `n` one request may ask for
+constexpr int64_t kMaxChoices = 16;      // the most `n` one request may ask for
+constexpr int64_t kMaxTopLogprobs = 20;  // the most alternatives per token
 
 // What a completions or chat request asks for, validated.
 struct ParsedRequest {
@@ -61,21 +62,27 @@ struct ApiContext {
 ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const ApiContext& ctx);
 
 // Response bodies.
-nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 struct Choice {
   std::string text;
   std::string finish_reason;
+  nlohmann::ordered_json logprobs;  // null unless asked for
 };
-nlohmann::json completion_body(Endpoint endpoint, const std::string& id, int64_t created,
+nlohmann::ordered_json completion_body(Endpoint endpoint, const std::string& id, int64_t created,
                                const std::string& model, const std::vector<Choice>& choices,
                                int64_t prompt_tokens, int64_t completion_tokens);
 // One stream chunk of choice `index` carrying `text` (chat: a content delta; role_only: the
 // first chat chunk with the assistant role) and, when non-empty, a finish reason.
-nlohmann::json chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+nlohmann::ordered_json chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                           const std::string& model, size_t index, const std::string& text,
-                          const std::string& finish_reason, bool role_only = false);
+                          const std::string& finish_reason, bool role_only = false,
+                          const nlohmann::ordered_json& logprobs = nullptr);
+// The logprobs object of a choice (chat: {"content": [...]}, completions: tokens,
+// token_logprobs, top_logprobs, text_offset starting at text_offset).
+nlohmann::ordered_json logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer,
+                             const std::vector<TokenLogprob>& entries, int64_t text_offset);
 // The final usage-only chunk of stream_options.include_usage.
-nlohmann::json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+nlohmann::ordered_json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                                 const std::string& model, int64_t prompt_tokens,
                                 int64_t completion_tokens);
 

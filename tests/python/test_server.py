@@ -17,6 +17,7 @@ import urllib.request
 
 import gguf
 import jinja2
+import numpy as np
 import openai
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -300,6 +301,53 @@ def test_n_choices(client):
     assert reasons == [c.finish_reason for c in two.choices]
 
 
+def log_softmax(row):
+    row = row.astype(np.float64)
+    shifted = row - row.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def test_logprobs_match_numpy(server, client, run_spin, test_model, test_tmp, hf_tokenizer):
+    hf, _ = hf_tokenizer
+    prompt = PROMPTS[0]
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 2
+    assert lp.text_offset == [0, len(lp.tokens[0].encode())]
+    # Reference: spin generate's logits of the last prompt position, log-softmaxed in numpy;
+    # then the same with the first generated token appended to the prompt.
+    _, ids = spin_generate(run_spin, test_model, test_tmp, prompt, 2)
+    prompt_ids = list(ids["prompt_ids"])
+    for step in range(2):
+        logits_path = test_tmp / "server_logits.npy"
+        run_spin("generate", "--model", test_model, "--prompt-ids", ",".join(map(str, prompt_ids)), "-n", 1,
+                 "--temperature", 0, "--logits-out", logits_path)
+        ref = log_softmax(np.load(logits_path)[-1])
+        token = ids["output_ids"][step]
+        assert lp.tokens[step] == hf.decode([token])
+        assert abs(lp.token_logprobs[step] - ref[token]) < 2e-3
+        best = np.argsort(-ref, kind="stable")[:3]
+        got = lp.top_logprobs[step]
+        assert list(got) == [hf.decode([int(t)]) for t in best]
+        for t in best:
+            assert abs(got[hf.decode([int(t)])] - ref[t]) < 2e-3
+        prompt_ids.append(token)
+
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    for c in content:
+        assert bytes(c.bytes).decode() == c.token
+        assert len(c.top_logprobs) == 2 and c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob
+        assert c.top_logprobs[0].token == c.token and c.top_logprobs[0].logprob == c.logprob
+    streamed = list(client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=4, temperature=0, logprobs=True, stream=True))
+    entries = [e for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
+               for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in entries] == [(c.token, c.logprob) for c in content]
+
+
 def assert_error(result, status, param=None, contains=()):
     got_status, _, body = result
     assert got_status == status, body
@@ -330,8 +378,10 @@ def test_client_errors(server, hf_tokenizer):
                  "messages[0].role")
     assert_error(server.api("/v1/completions", {"prompt": "hi", "n": 0}), 400, "n")
     assert_error(server.api("/v1/completions", {"prompt": "hi", "n": 17}), 400, "n")
-    assert_error(server.api("/v1/completions", {"prompt": "hi", "logprobs": 2}), 400, "logprobs",
-                 ["not supported"])
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "logprobs": 21}), 400, "logprobs", ["0..20"])
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "logprobs": True}), 400, "logprobs")
+    assert_error(server.api("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                     "top_logprobs": 2}), 400, "top_logprobs")
 
     long_prompt = "hello " * 600
     n_long = len(hf.encode(long_prompt).ids)
