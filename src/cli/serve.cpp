@@ -37,6 +37,7 @@ void run_serve(ServeArgs a) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a client that went away must not kill the server
   cpu::set_num_threads(a.threads);
+  a.engine.threads = a.threads;
 
   SPIN_CHECK(a.engine.max_num_seqs > 0 && a.engine.max_num_seqs <= 4096,
              "--max-num-seqs must be in 1..4096, got {}", a.engine.max_num_seqs);

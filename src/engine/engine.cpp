@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/memory.h"
+#include "kernels/cpu/ops.h"
 
 namespace spin {
 
@@ -390,6 +391,8 @@ void Engine::start() {
 }
 
 void Engine::loop() {
+  // OpenMP thread counts are per thread: the loop thread sets its own.
+  cpu::set_num_threads(config_.threads);
   for (;;) {
     {
       std::unique_lock lock(mutex_);

@@ -37,6 +37,7 @@ struct EngineConfig {
   int64_t kv_token_budget = 0;
   int64_t kv_block_tokens = 16;          // accounting granularity (a page)
   int64_t max_waiting = 256;             // add_request refuses more queued requests (overload)
+  int threads = 0;                       // CPU threads of the loop thread's kernels; 0 = default
 };
 
 struct RequestParams {
