@@ -107,6 +107,7 @@ void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string 
   st.ctx.model_name = std::move(model_name);
   st.ctx.max_model_len = engine->config().max_model_len;
   st.ctx.algorithms = engine->algorithms();
+  st.chat_template_error = "the model has no tokenizer";
   if (tokenizer) {
     try {
       st.chat_template.emplace(ChatTemplate::detect(tokenizer->chat_template(), *tokenizer));
