@@ -144,7 +144,10 @@ TEST(EngineScheduler, TokenBudgetDecodeFirstAndChunkedPrefill) {
     ids.push_back(engine.add_request(prompts.back(), greedy(5), c.callback()));
   }
   std::vector<StepReport> reports = run_to_end(engine, c);
+  std::map<uint64_t, int64_t> prompt_len;
+  for (int i = 0; i < 5; ++i) prompt_len[ids[i]] = static_cast<int64_t>(prompts[i].size());
   std::map<uint64_t, int64_t> next_pos;  // chunks of a request are consecutive
+  int64_t chunked_prefills = 0;
   for (const StepReport& r : reports) {
     int64_t total = 0;
     bool seen_prefill = false;
@@ -152,13 +155,15 @@ TEST(EngineScheduler, TokenBudgetDecodeFirstAndChunkedPrefill) {
       total += ch.n_tokens;
       EXPECT_EQ(ch.pos0, next_pos[ch.request_id]) << "request " << ch.request_id;
       next_pos[ch.request_id] = ch.pos0 + ch.n_tokens;
-      const bool decode = ch.n_tokens == 1 && ch.pos0 >= 20;
+      const bool decode = ch.pos0 >= prompt_len[ch.request_id];
+      if (!decode && ch.pos0 > 0) ++chunked_prefills;
       if (!decode) seen_prefill = true;
       EXPECT_FALSE(decode && seen_prefill) << "a decode token scheduled after a prefill chunk";
     }
     EXPECT_EQ(total, r.n_tokens);
     EXPECT_LE(total, 7);
   }
+  EXPECT_GT(chunked_prefills, 0);  // prompts of 20+ tokens under a budget of 7 were split
   for (int i = 0; i < 5; ++i) EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], 5)) << "request " << i;
 }
 
