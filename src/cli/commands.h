@@ -7,5 +7,6 @@ namespace spin::cli {
 void add_generate_command(CLI::App& app);  // cli/generate.cpp
 void add_tokenize_command(CLI::App& app);  // cli/tokenize.cpp
 void add_inspect_command(CLI::App& app);   // cli/inspect.cpp
+void add_serve_command(CLI::App& app);     // cli/serve.cpp
 
 }  // namespace spin::cli

@@ -1,0 +1,466 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "base/error.h"
+#include "base/memory.h"
+#include "kernels/cpu/ops.h"
+
+namespace spin {
+
+struct Engine::Request {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // prompt, then sampled tokens that will be fed back
+  int64_t n_prompt = 0;
+  int64_t max_len = 0;          // KV capacity: prompt + max_tokens
+  RequestParams params;
+  OutputCallback on_output;
+  Sampler sampler;
+  StopMatcher stops;
+  std::optional<StreamDecoder> decoder;
+  std::unique_ptr<SequenceAttention> kv;
+  int64_t computed = 0;   // tokens whose KV is stored
+  int64_t kv_blocks = 0;  // blocks reserved in the KV budget
+  int64_t n_sampled = 0;
+  clock::time_point arrival;
+  clock::time_point last_token;
+
+  Request(const RequestParams& p, OutputCallback cb)
+      : params(p), on_output(std::move(cb)), sampler(p.sampling), stops(p.stop) {}
+};
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n) {
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - top);
+  const double log_z = top + std::log(sum);
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = static_cast<float>(logits[id] - log_z);
+  const size_t n = std::min(static_cast<size_t>(std::max(top_n, 0)), logits.size());
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (size_t i = 0; i < n; ++i) t.top.emplace_back(order[i], static_cast<float>(logits[order[i]] - log_z));
+  return t;
+}
+
+Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
+               std::unique_ptr<AttentionFactory> factory)
+    : model_(model), tokenizer_(tokenizer), config_(config), factory_(std::move(factory)) {
+  const ModelConfig& mc = model.config();
+  if (!factory_) factory_ = make_contiguous_attention_factory(model.attention_shape());
+  SPIN_CHECK(config_.max_num_seqs > 0, "--max-num-seqs must be positive, got {}", config_.max_num_seqs);
+  SPIN_CHECK(config_.max_num_batched_tokens > 0, "--max-num-batched-tokens must be positive, got {}",
+             config_.max_num_batched_tokens);
+  SPIN_CHECK(config_.kv_block_tokens > 0, "KV block size must be positive, got {}",
+             config_.kv_block_tokens);
+  SPIN_CHECK(config_.max_waiting >= 0, "the waiting limit must be >= 0, got {}", config_.max_waiting);
+  SPIN_CHECK(config_.max_model_len >= 0, "--max-model-len must be >= 0, got {}", config_.max_model_len);
+  if (config_.max_model_len == 0) config_.max_model_len = mc.max_position;
+  SPIN_CHECK(config_.max_model_len > 1, "the context length must be > 1, got {}", config_.max_model_len);
+  SPIN_CHECK(config_.max_model_len <= mc.max_position || mc.max_position <= 0,
+             "--max-model-len {} exceeds the model's context length {}", config_.max_model_len,
+             mc.max_position);
+  const int64_t block = config_.kv_block_tokens;
+  const int64_t min_blocks = (config_.max_model_len + block - 1) / block;
+  if (config_.kv_token_budget == 0) {
+    const int64_t per_token = kv_bytes_per_token(model.attention_shape());
+    const int64_t by_memory =
+        static_cast<int64_t>(usable_memory_bytes() * 2 / 5) / std::max<int64_t>(per_token, 1);
+    const int64_t wanted = config_.max_num_seqs * config_.max_model_len;
+    config_.kv_token_budget = std::max(std::min(wanted, by_memory), min_blocks * block);
+  }
+  kv_blocks_total_ = config_.kv_token_budget / block;
+  SPIN_CHECK(kv_blocks_total_ >= min_blocks,
+             "the KV budget of {} tokens cannot hold one request of --max-model-len {} tokens",
+             config_.kv_token_budget, config_.max_model_len);
+  if (tokenizer_) {
+    stop_ids_ = tokenizer_->stop_ids();
+  } else if (mc.eos_token_id >= 0) {
+    stop_ids_ = {mc.eos_token_id};
+  }
+  metrics_.kv_tokens_capacity = kv_blocks_total_ * block;
+}
+
+Engine::~Engine() { stop(); }
+
+uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& params,
+                             OutputCallback on_output) {
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t context = config_.max_model_len;
+  const int64_t vocab = model_.config().vocab_size;
+  SPIN_CHECK(n_prompt > 0, "the prompt is empty");
+  for (int32_t id : prompt) {
+    SPIN_CHECK(id >= 0 && id < vocab, "prompt token id {} is outside the vocabulary (0..{})", id,
+               vocab - 1);
+  }
+  SPIN_CHECK(params.max_tokens >= 1, "max_tokens must be at least 1, got {}", params.max_tokens);
+  SPIN_CHECK(n_prompt < context,
+             "the prompt has {} tokens but the context length is {} (the prompt must leave room "
+             "for at least one generated token)",
+             n_prompt, context);
+  SPIN_CHECK(n_prompt + params.max_tokens <= context,
+             "the prompt has {} tokens and max_tokens is {}: {} in all, past the context length {}",
+             n_prompt, params.max_tokens, n_prompt + params.max_tokens, context);
+  params.sampling.validate();
+  std::vector<std::string> algorithms = factory_->algorithms();
+  if (std::find(algorithms.begin(), algorithms.end(), params.attention.algorithm) == algorithms.end()) {
+    fail("unknown attention algorithm '{}' (known: {})", params.attention.algorithm,
+         fmt::join(algorithms, ", "));
+  }
+  SPIN_CHECK(params.attention.budget >= 0, "the attention budget must be >= 0, got {}",
+             params.attention.budget);
+
+  auto r = std::make_unique<Request>(params, std::move(on_output));
+  r->n_prompt = n_prompt;
+  r->max_len = n_prompt + params.max_tokens;
+  r->tokens = std::move(prompt);
+  r->tokens.reserve(r->max_len);
+  if (tokenizer_) r->decoder.emplace(*tokenizer_);
+  r->arrival = clock::now();
+
+  uint64_t id = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || !alive_) throw EngineUnavailable("the engine is not running");
+    const int64_t waiting_limit = config_.max_num_seqs + config_.max_waiting;
+    if (queued_ >= waiting_limit) {
+      throw EngineUnavailable(fmt::format(
+          "the server is overloaded: {} requests are queued or running (limit {})", queued_,
+          waiting_limit));
+    }
+    id = next_id_++;
+    r->id = id;
+    ++queued_;
+    incoming_.push_back(std::move(r));
+  }
+  wake_.notify_one();
+  return id;
+}
+
+void Engine::abort(uint64_t request_id) {
+  {
+    std::lock_guard lock(mutex_);
+    aborts_.push_back(request_id);
+  }
+  wake_.notify_one();
+}
+
+bool Engine::has_work() const {
+  std::lock_guard lock(mutex_);
+  return queued_ > 0 || !aborts_.empty();
+}
+
+void Engine::take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs) {
+  std::vector<std::unique_ptr<Request>> fresh;
+  std::vector<uint64_t> aborts;
+  {
+    std::lock_guard lock(mutex_);
+    fresh.swap(incoming_);
+    aborts.swap(aborts_);
+  }
+  {
+    std::lock_guard lock(metrics_mutex_);
+    for (const auto& r : fresh) metrics_.prompt_tokens_total += r->n_prompt;
+  }
+  for (auto& r : fresh) {
+    waiting_.push_back(r.get());
+    requests_.emplace(r->id, std::move(r));
+  }
+  for (uint64_t id : aborts) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    RequestOutput out;
+    finish(r, "abort", out);
+    outputs.emplace_back(std::move(r.on_output), std::move(out));
+    requests_.erase(it);
+  }
+}
+
+bool Engine::reserve_kv(Request& r, int64_t tokens) {
+  const int64_t block = config_.kv_block_tokens;
+  const int64_t blocks = (tokens + block - 1) / block;
+  const int64_t extra = blocks - r.kv_blocks;
+  if (extra <= 0) return true;
+  if (kv_blocks_used_ + extra > kv_blocks_total_) return false;
+  kv_blocks_used_ += extra;
+  r.kv_blocks = blocks;
+  return true;
+}
+
+void Engine::free_kv(Request& r) {
+  kv_blocks_used_ -= r.kv_blocks;
+  r.kv_blocks = 0;
+  r.kv.reset();
+  r.computed = 0;
+}
+
+void Engine::preempt(Request& r) {
+  // Recompute later: drop the KV, keep the tokens (prompt and everything sampled so far).
+  free_kv(r);
+  running_.erase(std::find(running_.begin(), running_.end(), &r));
+  auto pos = std::lower_bound(waiting_.begin(), waiting_.end(), &r,
+                              [](const Request* a, const Request* b) { return a->id < b->id; });
+  waiting_.insert(pos, &r);
+  std::lock_guard lock(metrics_mutex_);
+  ++metrics_.preemptions_total;
+}
+
+// Removes the request from the schedule, frees its KV, and fills the final output.
+void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
+  free_kv(r);
+  if (auto it = std::find(running_.begin(), running_.end(), &r); it != running_.end()) running_.erase(it);
+  if (auto it = std::find(waiting_.begin(), waiting_.end(), &r); it != waiting_.end()) waiting_.erase(it);
+  out.request_id = r.id;
+  out.finished = true;
+  out.finish_reason = reason;
+  out.prompt_tokens = r.n_prompt;
+  out.completion_tokens = r.n_sampled;
+  {
+    std::lock_guard lock(mutex_);
+    --queued_;
+  }
+  std::lock_guard lock(metrics_mutex_);
+  if (reason == "stop") ++metrics_.requests_finished_stop;
+  if (reason == "length") ++metrics_.requests_finished_length;
+  if (reason == "abort") ++metrics_.requests_aborted;
+  if (reason == "stop" || reason == "length") {
+    metrics_.e2e_latency.observe(std::chrono::duration<double>(clock::now() - r.arrival).count());
+  }
+}
+
+void Engine::sample_next(Request& r, std::span<const float> logits, RequestOutput& out) {
+  const int32_t id = r.sampler.sample(logits);
+  ++r.n_sampled;
+  const auto now = clock::now();
+  {
+    std::lock_guard lock(metrics_mutex_);
+    ++metrics_.generation_tokens_total;
+    if (r.n_sampled == 1) {
+      metrics_.time_to_first_token.observe(std::chrono::duration<double>(now - r.arrival).count());
+    } else {
+      metrics_.inter_token_latency.observe(std::chrono::duration<double>(now - r.last_token).count());
+    }
+  }
+  r.last_token = now;
+  out.request_id = r.id;
+  out.token_ids.push_back(id);
+  out.prompt_tokens = r.n_prompt;
+  out.completion_tokens = r.n_sampled;
+
+  // The same order as generate(): stop ids, then text and stop strings, then the length limit.
+  const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
+  std::string reason;
+  if (is_stop_id && !r.params.ignore_eos) {
+    reason = "stop";
+  } else {
+    if (r.params.top_logprobs >= 0) out.logprobs.push_back(token_logprob(logits, id, r.params.top_logprobs));
+    r.tokens.push_back(id);
+    if (r.decoder) {
+      out.text += r.stops.push(r.decoder->push(id));
+      if (r.stops.stopped()) reason = "stop";
+    }
+    if (reason.empty() && r.n_sampled >= r.params.max_tokens) reason = "length";
+  }
+  if (reason.empty()) return;
+  if (r.decoder && !r.stops.stopped()) {
+    out.text += r.stops.push(r.decoder->flush());
+    if (!r.stops.stopped()) out.text += r.stops.flush();
+  }
+  finish(r, reason, out);
+}
+
+StepReport Engine::step() {
+  std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
+  take_incoming(outputs);
+  StepReport report;
+
+  // 1. Running requests in arrival order: decode tokens, then the rest of partial prefills.
+  //    A request that cannot grow its KV preempts the latest-arrived running request.
+  std::vector<std::pair<Request*, int64_t>> scheduled;
+  int64_t budget = config_.max_num_batched_tokens;
+  std::vector<Request*> order = running_;
+  std::stable_partition(order.begin(), order.end(), [](const Request* r) {
+    return static_cast<int64_t>(r->tokens.size()) - r->computed == 1;
+  });
+  for (Request* r : order) {
+    if (budget == 0) break;
+    if (std::find(running_.begin(), running_.end(), r) == running_.end()) continue;  // preempted
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
+    bool preempted_self = false;
+    while (!reserve_kv(*r, r->computed + n)) {
+      Request* victim = running_.back();
+      // Never take back what this step already scheduled.
+      for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+        const bool is_scheduled = std::any_of(scheduled.begin(), scheduled.end(),
+                                              [&](const auto& s) { return s.first == *it; });
+        if (!is_scheduled) {
+          victim = *it;
+          break;
+        }
+      }
+      preempt(*victim);
+      ++report.preempted;
+      if (victim == r) {
+        preempted_self = true;
+        break;
+      }
+    }
+    if (preempted_self) continue;
+    scheduled.emplace_back(r, n);
+    budget -= n;
+  }
+
+  // 2. Admit waiting requests strictly in arrival order (no overtaking, so none starves), unless
+  //    this step had to preempt: memory is short, admitting now would only thrash.
+  while (report.preempted == 0 && budget > 0 && !waiting_.empty() &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Request* r = waiting_.front();
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()), budget);
+    if (!reserve_kv(*r, n)) break;
+    r->kv = factory_->create(r->params.attention, r->max_len);
+    waiting_.pop_front();
+    running_.insert(std::lower_bound(running_.begin(), running_.end(), r,
+                                     [](const Request* a, const Request* b) { return a->id < b->id; }),
+                    r);
+    scheduled.emplace_back(r, n);
+    budget -= n;
+  }
+
+  if (!scheduled.empty()) {
+    std::vector<SequenceChunk> chunks;
+    chunks.reserve(scheduled.size());
+    for (auto& [r, n] : scheduled) {
+      chunks.push_back(SequenceChunk{std::span<const int32_t>(r->tokens).subspan(r->computed, n),
+                                     r->computed, r->kv.get()});
+      const bool samples = r->computed + n == static_cast<int64_t>(r->tokens.size());
+      report.chunks.push_back(ScheduledChunk{r->id, r->computed, n, samples});
+      report.n_tokens += n;
+    }
+    model_.forward(chunks, false, logits_);
+    const int64_t vocab = model_.config().vocab_size;
+    for (size_t i = 0; i < scheduled.size(); ++i) {
+      Request& r = *scheduled[i].first;
+      r.computed += scheduled[i].second;
+      if (!report.chunks[i].samples) continue;
+      RequestOutput out;
+      sample_next(r, std::span<const float>(logits_.data() + i * vocab, vocab), out);
+      if (out.finished) {
+        outputs.emplace_back(std::move(r.on_output), std::move(out));
+        requests_.erase(r.id);
+      } else {
+        outputs.emplace_back(r.on_output, std::move(out));
+      }
+    }
+  }
+  update_gauges();
+  // Callbacks run without any engine lock held, so they may call abort() or add_request().
+  for (auto& [callback, out] : outputs) {
+    if (callback) callback(out);
+  }
+  return report;
+}
+
+void Engine::update_gauges() {
+  std::lock_guard lock(metrics_mutex_);
+  metrics_.requests_running = static_cast<int64_t>(running_.size());
+  metrics_.requests_waiting = static_cast<int64_t>(waiting_.size());
+  metrics_.kv_tokens_used = kv_blocks_used_ * config_.kv_block_tokens;
+  ++metrics_.steps_total;
+}
+
+EngineMetrics Engine::metrics() const {
+  std::lock_guard lock(metrics_mutex_);
+  EngineMetrics m = metrics_;
+  std::lock_guard queue_lock(mutex_);
+  m.requests_waiting += static_cast<int64_t>(incoming_.size());
+  return m;
+}
+
+void Engine::start() {
+  std::lock_guard lock(mutex_);
+  SPIN_CHECK(!thread_.joinable(), "the engine is already running");
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Engine::loop() {
+  // OpenMP thread counts are per thread: the loop thread sets its own.
+  cpu::set_num_threads(config_.threads);
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || queued_ > 0 || !aborts_.empty(); });
+      if (stopping_) return;
+    }
+    try {
+      step();
+    } catch (const std::exception& e) {
+      spdlog::error("engine step failed: {}", e.what());
+      fail_all(e.what());
+      return;
+    }
+  }
+}
+
+void Engine::fail_all(const std::string& message) {
+  alive_ = false;
+  std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& r : incoming_) {
+      waiting_.push_back(r.get());
+      requests_.emplace(r->id, std::move(r));
+    }
+    incoming_.clear();
+  }
+  for (auto& [id, r] : requests_) {
+    RequestOutput out;
+    finish(*r, "error", out);
+    out.error = message;
+    outputs.emplace_back(std::move(r->on_output), std::move(out));
+  }
+  requests_.clear();
+  update_gauges();
+  for (auto& [callback, out] : outputs) {
+    if (callback) callback(out);
+  }
+}
+
+void Engine::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  // Whatever is left ends as aborted, so no waiting client hangs.
+  std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& r : incoming_) {
+      waiting_.push_back(r.get());
+      requests_.emplace(r->id, std::move(r));
+    }
+    incoming_.clear();
+  }
+  for (auto& [id, r] : requests_) {
+    RequestOutput out;
+    finish(*r, "abort", out);
+    outputs.emplace_back(std::move(r->on_output), std::move(out));
+  }
+  requests_.clear();
+  update_gauges();
+  for (auto& [callback, out] : outputs) {
+    if (callback) callback(out);
+  }
+}
+
+}  // namespace spin

@@ -1,0 +1,205 @@
+#pragma once
+// The serving engine: continuous batching at iteration level. Each step schedules running
+// requests' decode tokens first, then prefill chunks (partially prefilled requests, then waiting
+// ones, first come first served) within a token budget, and runs them as ONE batched forward.
+// KV is admitted by a token budget counted in blocks; when a running request cannot grow, the
+// most recently arrived running request is preempted (its KV freed, recomputed later).
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/attention_factory.h"
+#include "engine/generator.h"
+#include "engine/metrics.h"
+#include "engine/sampler.h"
+#include "model/tokenizer.h"
+#include "model/transformer.h"
+
+namespace spin {
+
+struct EngineConfig {
+  int64_t max_num_seqs = 16;             // requests running at once
+  int64_t max_num_batched_tokens = 2048; // tokens per step (decode + prefill chunks)
+  int64_t max_model_len = 0;             // prompt + output limit; 0 = the model's context length
+  // KV tokens all running requests may hold together; 0 = max_num_seqs * max_model_len, capped by
+  // what 40% of usable memory holds (never below max_model_len).
+  int64_t kv_token_budget = 0;
+  int64_t kv_block_tokens = 16;          // accounting granularity (a page)
+  int64_t max_waiting = 256;             // add_request refuses more queued requests (overload)
+  int threads = 0;                       // CPU threads of the loop thread's kernels; 0 = default
+};
+
+struct RequestParams {
+  int64_t max_tokens = 16;  // tokens to sample, counting a final stop token
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop strings (removed from the text)
+  bool ignore_eos = false;
+  AttentionSettings attention;
+  // >= 0: report each sampled token's log-probability (of the model's distribution, before
+  // temperature and filters) and this many most likely alternatives. -1: off.
+  int top_logprobs = -1;
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first
+};
+
+// One streamed update of a request. The last one has finished set.
+struct RequestOutput {
+  uint64_t request_id = 0;
+  std::vector<int32_t> token_ids;  // tokens sampled in this step
+  // With top_logprobs >= 0: one entry per sampled token except a final stop token.
+  std::vector<TokenLogprob> logprobs;
+  std::string text;                // new text (whole UTF-8 characters, stop strings removed)
+  bool finished = false;
+  std::string finish_reason;       // when finished: "stop", "length", "abort" or "error"
+  std::string error;               // message when finish_reason is "error"
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;   // tokens sampled so far
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+// A thread-safe queue: the engine thread pushes a request's outputs, a server thread waits.
+template <typename T>
+class BlockingQueue {
+ public:
+  void push(T item) {
+    {
+      std::lock_guard lock(mutex_);
+      items_.push_back(std::move(item));
+    }
+    ready_.notify_one();
+  }
+  // The next item, or nothing after `timeout`.
+  std::optional<T> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    if (!ready_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    T item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<T> items_;
+};
+
+using OutputQueue = BlockingQueue<RequestOutput>;
+
+// What one step ran (for tests and logs).
+struct ScheduledChunk {
+  uint64_t request_id = 0;
+  int64_t pos0 = 0;      // position of the chunk's first token
+  int64_t n_tokens = 0;
+  bool samples = false;  // the chunk reaches the end of the request's tokens: a token is sampled
+};
+
+struct StepReport {
+  std::vector<ScheduledChunk> chunks;
+  int64_t n_tokens = 0;
+  int64_t preempted = 0;
+};
+
+// Thrown by add_request when the engine cannot take more work (overload, or it stopped).
+class EngineUnavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+// The log-probability of `id` under softmax(logits) and the top_n most likely tokens.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n);
+
+class Engine {
+ public:
+  // tokenizer may be null (dummy weights): no text, eos from the model config.
+  // factory: null = dense contiguous attention.
+  Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
+         std::unique_ptr<AttentionFactory> factory = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The configuration with defaults resolved.
+  const EngineConfig& config() const { return config_; }
+  std::vector<std::string> algorithms() const { return factory_->algorithms(); }
+
+  // Validates and queues a request; on_output runs on the engine thread for every update.
+  // Throws spin::Error naming the problem (with the numbers) for a bad request, and
+  // EngineUnavailable when overloaded or stopped. Thread-safe.
+  uint64_t add_request(std::vector<int32_t> prompt, const RequestParams& params,
+                       OutputCallback on_output);
+  // Ends a request at the next step boundary, freeing its KV; it gets a final "abort" output.
+  // Unknown or finished ids are ignored. Thread-safe.
+  void abort(uint64_t request_id);
+
+  // One iteration. Call from one thread only: the loop thread after start(), or a test.
+  StepReport step();
+  // Requests queued, waiting or running.
+  bool has_work() const;
+
+  // The loop on its own thread; stop() ends it and aborts whatever is left.
+  void start();
+  void stop();
+  // False once a step failed (the engine then fails every request).
+  bool alive() const { return alive_; }
+
+  EngineMetrics metrics() const;
+
+ private:
+  struct Request;
+  using clock = std::chrono::steady_clock;
+
+  void take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs);
+  bool reserve_kv(Request& r, int64_t tokens);
+  void free_kv(Request& r);
+  void preempt(Request& r);
+  void finish(Request& r, const std::string& reason, RequestOutput& out);
+  void sample_next(Request& r, std::span<const float> logits, RequestOutput& out);
+  void fail_all(const std::string& message);
+  void update_gauges();
+  void loop();
+
+  Transformer& model_;
+  const Tokenizer* tokenizer_;
+  EngineConfig config_;
+  std::unique_ptr<AttentionFactory> factory_;
+  std::vector<int32_t> stop_ids_;
+  int64_t kv_blocks_total_ = 0;
+  int64_t kv_blocks_used_ = 0;
+
+  // Owned by the stepping thread.
+  std::map<uint64_t, std::unique_ptr<Request>> requests_;
+  std::vector<Request*> running_;  // ascending id (arrival order)
+  std::deque<Request*> waiting_;   // ascending id
+  std::vector<float> logits_;
+
+  // Shared with other threads.
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::unique_ptr<Request>> incoming_;
+  std::vector<uint64_t> aborts_;
+  uint64_t next_id_ = 1;
+  int64_t queued_ = 0;  // requests added and not finished
+  bool stopping_ = false;
+  std::atomic<bool> alive_{true};
+  std::thread thread_;
+  mutable std::mutex metrics_mutex_;
+  EngineMetrics metrics_;
+};
+
+}  // namespace spin

@@ -1,0 +1,47 @@
+#pragma once
+// Serving metrics the engine keeps and the server renders for /metrics (Prometheus text).
+#include <cstdint>
+#include <vector>
+
+namespace spin {
+
+// Cumulative histogram with fixed upper bounds (Prometheus semantics: counts[i] counts
+// observations <= bounds[i]; the +Inf bucket is `count`).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double value);
+
+  const std::vector<double>& bounds() const { return bounds_; }
+  const std::vector<uint64_t>& cumulative_counts() const { return counts_; }
+  uint64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  uint64_t count_ = 0;
+  double sum_ = 0.0;
+};
+
+// Latency buckets in seconds, from 1 ms to 10 min.
+std::vector<double> latency_buckets();
+
+struct EngineMetrics {
+  int64_t requests_running = 0;
+  int64_t requests_waiting = 0;
+  int64_t kv_tokens_used = 0;      // KV tokens held by requests (whole blocks)
+  int64_t kv_tokens_capacity = 0;  // the KV-token budget
+  uint64_t prompt_tokens_total = 0;
+  uint64_t generation_tokens_total = 0;
+  uint64_t preemptions_total = 0;
+  uint64_t requests_finished_stop = 0;
+  uint64_t requests_finished_length = 0;
+  uint64_t requests_aborted = 0;
+  uint64_t steps_total = 0;
+  Histogram time_to_first_token{latency_buckets()};
+  Histogram inter_token_latency{latency_buckets()};
+  Histogram e2e_latency{latency_buckets()};
+};
+
+}  // namespace spin

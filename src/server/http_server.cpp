@@ -1,0 +1,407 @@
+#include "server/http_server.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+#include <optional>
+#include <random>
+
+#include "base/error.h"
+#include "server/openai_api.h"
+
+namespace spin::server {
+
+// Responses keep their field order (id, object, ...; top_logprobs most likely first).
+using json = nlohmann::ordered_json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, int status, const std::string& type, const std::string& message,
+                const std::string& param = {}, const std::string& code = {}) {
+  res.status = status;
+  res.set_content(dump(error_body(message, type, param, code)), "application/json");
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The n engine requests of one API request (one per choice) and what the handler has seen of
+// them; the stream provider and its releaser share it.
+struct ChoiceSet {
+  BlockingQueue<std::pair<size_t, RequestOutput>> queue;  // (choice index, output)
+  std::vector<uint64_t> engine_ids;
+  std::vector<bool> finished;
+  std::vector<int64_t> completion_tokens;
+  std::vector<int64_t> text_bytes;  // text sent so far per choice (logprobs text_offset)
+  bool sent_role = false;
+  bool done = false;
+
+  int64_t total_completion_tokens() const {
+    int64_t total = 0;
+    for (int64_t t : completion_tokens) total += t;
+    return total;
+  }
+  void abort_unfinished(Engine& engine) const {
+    for (size_t i = 0; i < engine_ids.size(); ++i) {
+      if (!finished[i]) engine.abort(engine_ids[i]);
+    }
+  }
+};
+
+}  // namespace
+
+struct HttpServer::State {
+  std::atomic<Engine*> engine{nullptr};
+  ApiContext ctx;
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_error;
+  std::atomic<uint64_t> next_id{1};
+  std::string id_salt;
+  ServerConfig config;
+
+  std::string make_id(Endpoint ep) {
+    return fmt::format("{}-{}{:x}", ep == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_salt,
+                       next_id.fetch_add(1));
+  }
+};
+
+HttpServer::HttpServer(const ServerConfig& config)
+    : config_(config), http_(std::make_unique<httplib::Server>()), state_(std::make_shared<State>()) {
+  state_->config = config;
+  std::random_device rd;
+  state_->id_salt = fmt::format("{:08x}", rd());
+  install_routes();
+}
+
+HttpServer::~HttpServer() { stop(); }
+
+int HttpServer::bind() {
+  if (config_.port == 0) {
+    const int port = http_->bind_to_any_port(config_.host);
+    SPIN_CHECK(port > 0, "cannot listen on {} (any port)", config_.host);
+    config_.port = port;
+    return port;
+  }
+  SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 1..65535, got {}", config_.port);
+  SPIN_CHECK(http_->bind_to_port(config_.host, config_.port), "cannot listen on {}:{} (in use, or a bad address?)",
+             config_.host, config_.port);
+  return config_.port;
+}
+
+void HttpServer::listen() { http_->listen_after_bind(); }
+
+void HttpServer::stop() {
+  if (http_) http_->stop();
+}
+
+void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name) {
+  State& st = *state_;
+  st.ctx.tokenizer = tokenizer;
+  st.ctx.model_name = std::move(model_name);
+  st.ctx.max_model_len = engine->config().max_model_len;
+  st.ctx.algorithms = engine->algorithms();
+  st.chat_template_error = "the model has no tokenizer";
+  if (tokenizer) {
+    try {
+      st.chat_template.emplace(ChatTemplate::detect(tokenizer->chat_template(), *tokenizer));
+      st.ctx.chat_template = &*st.chat_template;
+    } catch (const Error& e) {
+      st.chat_template_error = e.what();
+      spdlog::warn("chat completions are off: {}", e.what());
+    }
+  }
+  st.engine.store(engine, std::memory_order_release);
+}
+
+namespace {
+
+Engine& live_engine(HttpServer::State& st);
+
+}  // namespace
+
+void HttpServer::install_routes() {
+  httplib::Server& http = *http_;
+  std::shared_ptr<State> st = state_;
+  const int threads = config_.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(config_.max_body_bytes);
+
+  http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
+    const std::string& key = st->config.api_key;
+    if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + key) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    send_error(res, 401, "authentication_error", "a valid API key is required (Authorization: Bearer <key>)",
+               "", "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
+  http.set_error_handler(httplib::Server::HandlerWithResponse([st](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+    if (!res.body.empty() || res.content_length_ > 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (res.status == 404) {
+      send_error(res, 404, "not_found_error", fmt::format("no route for {} {}", req.method, req.path));
+    } else if (res.status == 413) {
+      send_error(res, 413, "invalid_request_error",
+                 fmt::format("the request body is larger than the limit of {} bytes", st->config.max_body_bytes),
+                 "", "request_too_large");
+    } else if (res.status >= 500) {
+      send_error(res, res.status, "server_error", "internal server error");
+    } else {
+      send_error(res, res.status, "invalid_request_error", fmt::format("bad request ({})", res.status));
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+
+  http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    if (res.status >= 400) spdlog::info("{} {} -> {}", req.method, req.path, res.status);
+  });
+
+  // Every API handler: ApiError -> its status; spin::Error (bad input) -> 400; anything else 500.
+  auto guarded = [](auto handler) {
+    return [handler](const httplib::Request& req, httplib::Response& res) {
+      try {
+        handler(req, res);
+      } catch (const ApiError& e) {
+        send_error(res, e.status, e.type, e.what(), e.param, e.code);
+      } catch (const EngineUnavailable& e) {
+        send_error(res, 503, "service_unavailable", e.what());
+      } catch (const Error& e) {
+        send_error(res, 400, "invalid_request_error", e.what());
+      } catch (const std::bad_alloc&) {
+        send_error(res, 503, "service_unavailable", "out of memory");
+      } catch (const std::exception& e) {
+        spdlog::error("{} {}: {}", req.method, req.path, e.what());
+        send_error(res, 500, "server_error", e.what());
+      }
+    };
+  };
+
+  http.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
+    Engine* engine = st->engine.load(std::memory_order_acquire);
+    if (!engine) return send_error(res, 503, "service_unavailable", "the model is loading");
+    if (!engine->alive()) return send_error(res, 503, "service_unavailable", "the engine stopped after an internal error");
+    res.set_content("", "text/plain");
+  });
+
+  http.Get("/metrics", [st](const httplib::Request&, httplib::Response& res) {
+    Engine* engine = st->engine.load(std::memory_order_acquire);
+    EngineMetrics m = engine ? engine->metrics() : EngineMetrics{};
+    res.set_content(render_metrics(m, engine && engine->alive()), "text/plain; version=0.0.4");
+  });
+
+  http.Get("/v1/models", guarded([st](const httplib::Request&, httplib::Response& res) {
+    live_engine(*st);
+    json model{{"id", st->ctx.model_name},
+               {"object", "model"},
+               {"created", unix_now()},
+               {"owned_by", "spin"},
+               {"max_model_len", st->ctx.max_model_len}};
+    res.set_content(dump(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
+  }));
+
+  auto generate = [st](Endpoint ep) {
+    return [st, ep](const httplib::Request& req, httplib::Response& res) {
+      Engine& engine = live_engine(*st);
+      if (ep == Endpoint::ChatCompletions && !st->ctx.chat_template) {
+        throw ApiError(400, "invalid_request_error",
+                       "this model has no usable chat template (" + st->chat_template_error +
+                           "): use /v1/completions");
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      ParsedRequest pr = parse_request(ep, req.body, st->ctx);
+      const std::string id = st->make_id(ep);
+      const int64_t created = unix_now();
+      const std::string& model = st->ctx.model_name;
+      const int64_t n_prompt = static_cast<int64_t>(pr.prompt_ids.size());
+      auto choices = std::make_shared<ChoiceSet>();
+      const size_t n = static_cast<size_t>(pr.n);
+      choices->finished.assign(n, false);
+      choices->completion_tokens.assign(n, 0);
+      choices->text_bytes.assign(n, 0);
+      const bool with_logprobs = pr.params.top_logprobs >= 0;
+      const Tokenizer* tokenizer = st->ctx.tokenizer;
+      try {
+        for (size_t i = 0; i < n; ++i) {
+          RequestParams params = pr.params;
+          // Distinct choices from one seed: choice i samples with seed + i.
+          if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + i;
+          choices->engine_ids.push_back(engine.add_request(
+              pr.prompt_ids, params, [choices, i](const RequestOutput& out) { choices->queue.push({i, out}); }));
+        }
+      } catch (...) {
+        for (uint64_t engine_id : choices->engine_ids) engine.abort(engine_id);
+        throw;
+      }
+
+      if (!pr.stream) {
+        std::vector<Choice> results(n);
+        std::vector<std::vector<TokenLogprob>> logprobs(n);
+        std::string failure;
+        size_t n_finished = 0;
+        while (n_finished < n) {
+          auto item = choices->queue.pop(std::chrono::milliseconds(1000));
+          if (!item) continue;
+          auto& [i, out] = *item;
+          results[i].text += out.text;
+          logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(), out.logprobs.end());
+          choices->completion_tokens[i] = out.completion_tokens;
+          if (!out.finished) continue;
+          ++n_finished;
+          choices->finished[i] = true;
+          results[i].finish_reason = out.finish_reason;
+          if (out.finish_reason == "error") failure = "generation failed: " + out.error;
+          if (out.finish_reason == "abort" && failure.empty()) failure = "abort";
+        }
+        spdlog::info("{} {} prompt={} n={} completion={} finish={} e2e={:.3f}s", req.path, id, n_prompt, n,
+                     choices->total_completion_tokens(), results[0].finish_reason, seconds_since(t0));
+        if (failure == "abort") {
+          return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
+        }
+        if (!failure.empty()) return send_error(res, 500, "server_error", failure);
+        if (with_logprobs) {
+          for (size_t i = 0; i < n; ++i) results[i].logprobs = logprobs_json(ep, tokenizer, logprobs[i], 0);
+        }
+        res.set_content(dump(completion_body(ep, id, created, model, results, n_prompt,
+                                             choices->total_completion_tokens())),
+                        "application/json");
+        return;
+      }
+
+      Engine* engine_ptr = &engine;
+      const bool include_usage = pr.include_usage;
+      res.set_header("Cache-Control", "no-cache");
+      res.set_chunked_content_provider(
+          "text/event-stream",
+          [choices, engine_ptr, ep, id, created, model, include_usage, n_prompt, n, t0, with_logprobs, tokenizer,
+           path = req.path](size_t, httplib::DataSink& sink) {
+            auto send = [&](const std::string& payload) {
+              const std::string event = "data: " + payload + "\n\n";
+              return sink.write(event.data(), event.size());
+            };
+            auto gone = [&] {
+              choices->abort_unfinished(*engine_ptr);
+              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id, n_prompt,
+                           choices->total_completion_tokens());
+              return false;
+            };
+            if (ep == Endpoint::ChatCompletions && !choices->sent_role) {
+              choices->sent_role = true;
+              for (size_t i = 0; i < n; ++i) {
+                if (!send(dump(chunk_body(ep, id, created, model, i, "", "", true)))) return gone();
+              }
+            }
+            std::string failure;
+            size_t n_finished = 0;
+            std::string last_reason;
+            while (n_finished < n) {
+              auto item = choices->queue.pop(std::chrono::milliseconds(100));
+              if (!item) {
+                if (!sink.is_writable()) return gone();
+                continue;
+              }
+              auto& [i, out] = *item;
+              choices->completion_tokens[i] = out.completion_tokens;
+              if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
+                const json logprobs =
+                    with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
+                choices->text_bytes[i] += static_cast<int64_t>(out.text.size());
+                if (!send(dump(chunk_body(ep, id, created, model, i, out.text, "", false, logprobs)))) return gone();
+              }
+              if (!out.finished) continue;
+              ++n_finished;
+              choices->finished[i] = true;
+              last_reason = out.finish_reason;
+              if (out.finish_reason == "error") {
+                failure = "generation failed: " + out.error;
+              } else if (out.finish_reason == "abort") {
+                if (failure.empty()) failure = "abort";
+              } else if (!send(dump(chunk_body(ep, id, created, model, i, "", out.finish_reason)))) {
+                return gone();
+              }
+            }
+            choices->done = true;
+            spdlog::info("{} {} stream prompt={} n={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt, n,
+                         choices->total_completion_tokens(), last_reason, seconds_since(t0));
+            if (!failure.empty()) {
+              const bool aborted = failure == "abort";
+              send(dump(error_body(aborted ? "the request was aborted (server shutting down)" : failure,
+                                   aborted ? "service_unavailable" : "server_error")));
+            } else if (include_usage) {
+              send(dump(usage_chunk_body(ep, id, created, model, n_prompt, choices->total_completion_tokens())));
+            }
+            send("[DONE]");
+            sink.done();
+            return true;
+          },
+          [choices, engine_ptr](bool) {
+            // The connection ended before the request did (a write failed, the server stops).
+            if (!choices->done) choices->abort_unfinished(*engine_ptr);
+          });
+    };
+  };
+  http.Post("/v1/completions", guarded(generate(Endpoint::Completions)));
+  http.Post("/v1/chat/completions", guarded(generate(Endpoint::ChatCompletions)));
+}
+
+namespace {
+
+Engine& live_engine(HttpServer::State& st) {
+  Engine* engine = st.engine.load(std::memory_order_acquire);
+  if (!engine) throw ApiError(503, "service_unavailable", "the model is still loading");
+  if (!engine->alive()) throw ApiError(503, "service_unavailable", "the engine stopped after an internal error");
+  return *engine;
+}
+
+void gauge(std::string& out, const char* name, const char* help, double value) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
+}
+
+void counter(std::string& out, const char* name, const char* help, double value) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
+}
+
+void histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
+  out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+  for (size_t i = 0; i < h.bounds().size(); ++i) {
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds()[i], h.cumulative_counts()[i]);
+  }
+  out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, h.count(), h.sum());
+}
+
+}  // namespace
+
+std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
+  std::string out;
+  gauge(out, "spin_engine_up", "1 while the engine runs, 0 while loading or after it failed", engine_alive ? 1 : 0);
+  gauge(out, "spin_num_requests_running", "Requests in the running batch", static_cast<double>(m.requests_running));
+  gauge(out, "spin_num_requests_waiting", "Requests waiting to be scheduled", static_cast<double>(m.requests_waiting));
+  gauge(out, "spin_kv_tokens_used", "KV tokens held by requests (whole blocks)", static_cast<double>(m.kv_tokens_used));
+  gauge(out, "spin_kv_tokens_capacity", "KV-token budget of all requests together",
+        static_cast<double>(m.kv_tokens_capacity));
+  counter(out, "spin_prompt_tokens_total", "Prompt tokens received", static_cast<double>(m.prompt_tokens_total));
+  counter(out, "spin_generation_tokens_total", "Tokens generated", static_cast<double>(m.generation_tokens_total));
+  counter(out, "spin_num_preemptions_total", "Requests preempted (KV freed, recomputed later)",
+          static_cast<double>(m.preemptions_total));
+  out += "# HELP spin_request_success_total Requests finished, by reason\n# TYPE spin_request_success_total counter\n";
+  out += fmt::format("spin_request_success_total{{finished_reason=\"stop\"}} {}\n", m.requests_finished_stop);
+  out += fmt::format("spin_request_success_total{{finished_reason=\"length\"}} {}\n", m.requests_finished_length);
+  counter(out, "spin_requests_aborted_total", "Requests aborted (client gone or shutdown)",
+          static_cast<double>(m.requests_aborted));
+  counter(out, "spin_engine_steps_total", "Scheduler iterations", static_cast<double>(m.steps_total));
+  histogram(out, "spin_time_to_first_token_seconds", "Time from arrival to the first token", m.time_to_first_token);
+  histogram(out, "spin_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+            m.inter_token_latency);
+  histogram(out, "spin_e2e_request_latency_seconds", "Time from arrival to the last token", m.e2e_latency);
+  return out;
+}
+
+}  // namespace spin::server

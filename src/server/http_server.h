@@ -1,0 +1,55 @@
+#pragma once
+// The OpenAI-compatible HTTP server (cpp-httplib): /v1/completions, /v1/chat/completions (SSE
+// streaming), /v1/models, /health, /metrics. It listens before the model is loaded (/health
+// answers 503 until attach()), and aborts a streaming request as soon as its client goes away.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/engine.h"
+#include "model/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace spin::server {
+
+struct ServerConfig {
+  std::string host = "127.0.0.1";
+  int port = 8000;               // 0 = any free port
+  std::string api_key;           // empty = no authentication
+  size_t max_body_bytes = 8u << 20;
+  int threads = 64;              // connection threads (each streaming client holds one)
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(const ServerConfig& config);
+  ~HttpServer();
+
+  // Binds the socket; returns the port (useful with port 0). Throws spin::Error on failure.
+  int bind();
+  // Serves until stop(); blocks.
+  void listen();
+  void stop();
+
+  // Makes the API live. engine and tokenizer (may be null) must outlive the server.
+  void attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name);
+
+  struct State;  // what the request handlers share (http_server.cpp)
+
+ private:
+  void install_routes();
+
+  ServerConfig config_;
+  std::unique_ptr<httplib::Server> http_;
+  std::shared_ptr<State> state_;
+};
+
+// Prometheus text exposition of the engine's metrics.
+std::string render_metrics(const EngineMetrics& m, bool engine_alive);
+
+}  // namespace spin::server

@@ -1,0 +1,89 @@
+#pragma once
+// The OpenAI request/response shapes: parsing and validating request bodies into engine
+// requests, and building response and stream-chunk bodies. No networking here.
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "model/tokenizer.h"
+
+namespace spin::server {
+
+// A client-visible error: HTTP status plus the OpenAI error object's fields.
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int status, std::string type, std::string message, std::string param = {},
+           std::string code = {})
+      : std::runtime_error(message), status(status), type(std::move(type)),
+        param(std::move(param)), code(std::move(code)) {}
+  int status;
+  std::string type;
+  std::string param;
+  std::string code;
+};
+
+// {"error": {"message", "type", "param", "code"}} (param/code null when empty).
+nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
+                          const std::string& param = {}, const std::string& code = {});
+
+// 400 invalid_request_error naming the parameter.
+[[noreturn]] void bad_request(const std::string& param, const std::string& message);
+
+enum class Endpoint { Completions, ChatCompletions };
+
+constexpr int64_t kMaxChoices = 16;      // the most `n` one request may ask for
+constexpr int64_t kMaxTopLogprobs = 20;  // the most alternatives per token
+
+// What a completions or chat request asks for, validated.
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::vector<int32_t> prompt_ids;
+  RequestParams params;
+  bool max_tokens_given = false;
+  int64_t n = 1;  // choices: n engine requests on the same prompt
+  bool stream = false;
+  bool include_usage = false;
+};
+
+struct ApiContext {
+  const Tokenizer* tokenizer = nullptr;      // null: prompts must be token ids, no chat
+  const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions refuses
+  std::string model_name;
+  int64_t max_model_len = 0;
+  std::vector<std::string> algorithms;
+};
+
+// Parses the body text of a request; throws ApiError (400, 404 for another model's name).
+ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const ApiContext& ctx);
+
+// Response bodies.
+nlohmann::ordered_json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+  nlohmann::ordered_json logprobs;  // null unless asked for
+};
+nlohmann::ordered_json completion_body(Endpoint endpoint, const std::string& id, int64_t created,
+                               const std::string& model, const std::vector<Choice>& choices,
+                               int64_t prompt_tokens, int64_t completion_tokens);
+// One stream chunk of choice `index` carrying `text` (chat: a content delta; role_only: the
+// first chat chunk with the assistant role) and, when non-empty, a finish reason.
+nlohmann::ordered_json chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                          const std::string& model, size_t index, const std::string& text,
+                          const std::string& finish_reason, bool role_only = false,
+                          const nlohmann::ordered_json& logprobs = nullptr);
+// The logprobs object of a choice (chat: {"content": [...]}, completions: tokens,
+// token_logprobs, top_logprobs, text_offset starting at text_offset).
+nlohmann::ordered_json logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer,
+                             const std::vector<TokenLogprob>& entries, int64_t text_offset);
+// The final usage-only chunk of stream_options.include_usage.
+nlohmann::ordered_json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
+                                const std::string& model, int64_t prompt_tokens,
+                                int64_t completion_tokens);
+
+}  // namespace spin::server

@@ -1,0 +1,363 @@
+// The continuous-batching engine on the tiny dummy model: every greedy output is compared with
+// the single-sequence generator (engine/generator.h, one sequence, no batching, no preemption),
+// and the scheduling rules (token budget, decode first, FCFS, KV budget, abort) with what each
+// step reports.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "model/contiguous_attention.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+
+namespace spin {
+namespace {
+
+struct TinyModel {
+  ModelWeights weights = make_dummy_weights(preset_config("tiny-llama"), 11);
+  Transformer model{weights};
+};
+
+TinyModel& tiny() {
+  static TinyModel m;
+  return m;
+}
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
+  std::uniform_int_distribution<int32_t> id(3, 511);  // not bos/eos
+  std::vector<int32_t> p(n);
+  for (auto& x : p) x = id(rng);
+  return p;
+}
+
+RequestParams greedy(int64_t max_tokens) {
+  RequestParams p;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0.0f;
+  p.ignore_eos = true;  // fixed lengths: every token is compared
+  return p;
+}
+
+// The reference: the plain single-sequence generator.
+std::vector<int32_t> generate_alone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  GenerationParams g;
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0.0f;
+  g.ignore_eos = true;
+  return generate(tiny().model, nullptr, prompt, g, nullptr).output_ids;
+}
+
+// Collects every request's outputs (callbacks run on the stepping thread).
+struct Collector {
+  std::map<uint64_t, std::vector<int32_t>> ids;
+  std::map<uint64_t, std::string> finish;
+  std::map<uint64_t, int64_t> first_token_step;
+  int64_t step = 0;
+  OutputCallback callback() {
+    return [this](const RequestOutput& out) {
+      auto& v = ids[out.request_id];
+      if (v.empty() && !out.token_ids.empty()) first_token_step[out.request_id] = step;
+      v.insert(v.end(), out.token_ids.begin(), out.token_ids.end());
+      if (out.finished) finish[out.request_id] = out.finish_reason;
+    };
+  }
+};
+
+// Steps until idle, checking the per-step invariants; returns the reports.
+std::vector<StepReport> run_to_end(Engine& engine, Collector& c, int max_steps = 10000) {
+  std::vector<StepReport> reports;
+  while (engine.has_work()) {
+    ++c.step;
+    reports.push_back(engine.step());
+    const StepReport& r = reports.back();
+    EXPECT_LE(r.n_tokens, engine.config().max_num_batched_tokens);
+    std::set<uint64_t> ids;
+    for (const ScheduledChunk& ch : r.chunks) EXPECT_TRUE(ids.insert(ch.request_id).second) << "twice in one step";
+    EXPECT_LE(static_cast<int64_t>(ids.size()), engine.config().max_num_seqs);
+    const EngineMetrics m = engine.metrics();
+    EXPECT_LE(m.kv_tokens_used, m.kv_tokens_capacity);
+    if (static_cast<int>(reports.size()) > max_steps) {
+      ADD_FAILURE() << "no progress after " << max_steps << " steps";
+      break;
+    }
+  }
+  return reports;
+}
+
+TEST(EngineScheduler, SixteenConcurrentGreedyRequestsEqualEachAlone) {
+  std::mt19937 rng(1);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(random_prompt(rng, 3 + (i * 7) % 40));
+    lengths.push_back(6 + i % 5);
+  }
+  EngineConfig config;
+  config.max_num_seqs = 16;
+  config.max_num_batched_tokens = 64;  // prefill chunks and decode tokens share steps
+  config.max_model_len = 128;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 16; ++i) ids.push_back(engine.add_request(prompts[i], greedy(lengths[i]), c.callback()));
+  std::vector<StepReport> reports = run_to_end(engine, c);
+  // It really batched: some step ran decode tokens and prefill chunks of several requests.
+  size_t widest = 0;
+  bool mixed = false;
+  for (const StepReport& r : reports) {
+    widest = std::max(widest, r.chunks.size());
+    const bool has_decode = std::any_of(r.chunks.begin(), r.chunks.end(), [](auto& ch) { return ch.n_tokens == 1; });
+    const bool has_prefill = std::any_of(r.chunks.begin(), r.chunks.end(), [](auto& ch) { return ch.n_tokens > 1; });
+    mixed = mixed || (has_decode && has_prefill);
+  }
+  EXPECT_EQ(widest, 16u);
+  EXPECT_TRUE(mixed);
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(c.finish[ids[i]], "length");
+  }
+  EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
+  EXPECT_EQ(engine.metrics().requests_running, 0);
+}
+
+TEST(EngineScheduler, TokenBudgetDecodeFirstAndChunkedPrefill) {
+  std::mt19937 rng(2);
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 7;
+  config.max_model_len = 96;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    prompts.push_back(random_prompt(rng, 20 + i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(5), c.callback()));
+  }
+  std::vector<StepReport> reports = run_to_end(engine, c);
+  std::map<uint64_t, int64_t> prompt_len;
+  for (int i = 0; i < 5; ++i) prompt_len[ids[i]] = static_cast<int64_t>(prompts[i].size());
+  std::map<uint64_t, int64_t> next_pos;  // chunks of a request are consecutive
+  int64_t chunked_prefills = 0;
+  for (const StepReport& r : reports) {
+    int64_t total = 0;
+    bool seen_prefill = false;
+    for (const ScheduledChunk& ch : r.chunks) {
+      total += ch.n_tokens;
+      EXPECT_EQ(ch.pos0, next_pos[ch.request_id]) << "request " << ch.request_id;
+      next_pos[ch.request_id] = ch.pos0 + ch.n_tokens;
+      const bool decode = ch.pos0 >= prompt_len[ch.request_id];
+      if (!decode && ch.pos0 > 0) ++chunked_prefills;
+      if (!decode) seen_prefill = true;
+      EXPECT_FALSE(decode && seen_prefill) << "a decode token scheduled after a prefill chunk";
+    }
+    EXPECT_EQ(total, r.n_tokens);
+    EXPECT_LE(total, 7);
+  }
+  EXPECT_GT(chunked_prefills, 0);  // prompts of 20+ tokens under a budget of 7 were split
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], 5)) << "request " << i;
+}
+
+TEST(EngineScheduler, ChunkedPrefillGivesTheLogitsOfOneChunk) {
+  // The forward the engine issues: a prompt split into chunks, each batched with another
+  // sequence's decode token, against the prompt as one chunk alone.
+  Transformer& model = tiny().model;
+  std::mt19937 rng(3);
+  const std::vector<int32_t> prompt = random_prompt(rng, 29);
+  const std::vector<int32_t> other = random_prompt(rng, 12);
+  const int64_t vocab = model.config().vocab_size;
+
+  ContiguousAttention whole(model.attention_shape(), 64);
+  std::vector<float> expected;
+  SequenceChunk one{prompt, 0, &whole};
+  model.forward(std::span(&one, 1), false, expected);
+
+  ContiguousAttention split(model.attention_shape(), 64);
+  ContiguousAttention other_kv(model.attention_shape(), 64);
+  std::vector<float> logits;
+  SequenceChunk other_prefill{other, 0, &other_kv};
+  model.forward(std::span(&other_prefill, 1), false, logits);
+  int64_t other_pos = static_cast<int64_t>(other.size());
+  const int32_t other_token = 5;
+  for (int64_t pos = 0; pos < 29; pos += 8) {
+    const int64_t n = std::min<int64_t>(8, 29 - pos);
+    SequenceChunk chunks[2] = {{std::span(&other_token, 1), other_pos++, &other_kv},
+                               {std::span(prompt).subspan(pos, n), pos, &split}};
+    model.forward(chunks, false, logits);
+  }
+  ASSERT_EQ(logits.size(), static_cast<size_t>(2 * vocab));
+  double max_abs = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(logits[vocab + i] - expected[i])));
+    scale = std::max(scale, static_cast<double>(std::abs(expected[i])));
+  }
+  EXPECT_LE(max_abs, 1e-4 * scale) << "relative error of the chunked prefill's last logits";
+}
+
+TEST(EngineScheduler, FirstComeFirstServed) {
+  std::mt19937 rng(4);
+  EngineConfig config;
+  config.max_num_seqs = 2;
+  config.max_num_batched_tokens = 16;
+  config.max_model_len = 64;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(engine.add_request(random_prompt(rng, 10), greedy(4), c.callback()));
+  std::vector<StepReport> reports = run_to_end(engine, c);
+  // Admission (the first chunk at position 0) happens in arrival order.
+  std::vector<uint64_t> admitted;
+  for (const StepReport& r : reports) {
+    for (const ScheduledChunk& ch : r.chunks) {
+      if (ch.pos0 == 0) admitted.push_back(ch.request_id);
+    }
+  }
+  EXPECT_EQ(admitted, ids);
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_LE(c.first_token_step[ids[i - 1]], c.first_token_step[ids[i]]) << i;
+  }
+}
+
+TEST(EngineScheduler, PreemptionUnderATinyKvBudgetKeepsGreedyOutput) {
+  std::mt19937 rng(5);
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = 64;
+  config.kv_token_budget = 64;  // 4 blocks of 16: one request at full length
+  config.kv_block_tokens = 16;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 12 + i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(30), c.callback()));
+  }
+  run_to_end(engine, c);
+  EXPECT_GT(engine.metrics().preemptions_total, 0u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], 30)) << "request " << i;
+    EXPECT_EQ(c.finish[ids[i]], "length");
+  }
+  EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
+}
+
+TEST(EngineScheduler, AbortFreesKvAtOnce) {
+  std::mt19937 rng(6);
+  EngineConfig config;
+  config.max_num_seqs = 2;
+  config.max_model_len = 128;
+  config.kv_block_tokens = 16;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  const uint64_t a = engine.add_request(random_prompt(rng, 40), greedy(50), c.callback());
+  const uint64_t b = engine.add_request(random_prompt(rng, 8), greedy(50), c.callback());
+  const uint64_t waiting = engine.add_request(random_prompt(rng, 8), greedy(50), c.callback());
+  for (int i = 0; i < 3; ++i) engine.step();
+  EngineMetrics m = engine.metrics();
+  EXPECT_EQ(m.requests_running, 2);
+  EXPECT_EQ(m.requests_waiting, 1);
+  EXPECT_EQ(m.kv_tokens_used, 48 + 16);  // a: 43 tokens -> 3 blocks, b: 11 -> 1 block
+  engine.abort(a);
+  engine.abort(waiting);
+  const StepReport r = engine.step();
+  for (const ScheduledChunk& ch : r.chunks) EXPECT_NE(ch.request_id, a);
+  EXPECT_EQ(c.finish[a], "abort");
+  EXPECT_EQ(c.finish[waiting], "abort");
+  m = engine.metrics();
+  EXPECT_EQ(m.requests_running, 1);
+  EXPECT_EQ(m.requests_waiting, 0);
+  EXPECT_EQ(m.kv_tokens_used, 16);  // b alone: 12 tokens
+  EXPECT_EQ(m.requests_aborted, 2u);
+  engine.abort(b);
+  engine.step();
+  EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
+  EXPECT_FALSE(engine.has_work());
+}
+
+TEST(EngineScheduler, LoopThreadStreamsThroughQueues) {
+  std::mt19937 rng(7);
+  EngineConfig config;
+  config.max_model_len = 64;
+  Engine engine(tiny().model, nullptr, config);
+  engine.start();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<OutputQueue>> queues;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 5 + 3 * i));
+    auto q = std::make_shared<OutputQueue>();
+    engine.add_request(prompts.back(), greedy(8), [q](const RequestOutput& o) { q->push(o); });
+    queues.push_back(q);
+  }
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> got;
+    for (;;) {
+      auto out = queues[i]->pop(std::chrono::seconds(30));
+      ASSERT_TRUE(out.has_value()) << "no output within 30 s";
+      got.insert(got.end(), out->token_ids.begin(), out->token_ids.end());
+      EXPECT_EQ(out->completion_tokens, static_cast<int64_t>(got.size()));
+      if (out->finished) break;
+    }
+    EXPECT_EQ(got, generate_alone(prompts[i], 8));
+  }
+  // stop() ends a long request as aborted instead of leaving its client waiting.
+  auto q = std::make_shared<OutputQueue>();
+  engine.add_request(random_prompt(rng, 5), greedy(50), [q](const RequestOutput& o) { q->push(o); });
+  engine.stop();
+  std::string reason;
+  while (auto out = q->pop(std::chrono::milliseconds(10))) reason = out->finish_reason;
+  EXPECT_TRUE(reason == "abort" || reason == "length") << reason;
+  EXPECT_THROW(engine.add_request(random_prompt(rng, 5), greedy(4), nullptr), EngineUnavailable);
+}
+
+TEST(EngineScheduler, RejectsBadRequestsWithTheNumbers) {
+  EngineConfig config;
+  config.max_model_len = 32;
+  Engine engine(tiny().model, nullptr, config);
+  std::mt19937 rng(8);
+  try {
+    engine.add_request(random_prompt(rng, 32), greedy(1), nullptr);
+    ADD_FAILURE() << "a prompt filling the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
+  }
+  try {
+    engine.add_request(random_prompt(rng, 20), greedy(13), nullptr);
+    ADD_FAILURE() << "max_tokens past the context was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("33"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(engine.add_request({1, 512}, greedy(1), nullptr), Error);
+  EXPECT_THROW(engine.add_request({}, greedy(1), nullptr), Error);
+  RequestParams sparse = greedy(1);
+  sparse.attention.algorithm = "quest";
+  EXPECT_THROW(engine.add_request({1, 2, 3}, sparse, nullptr), Error);
+  EXPECT_FALSE(engine.has_work());
+
+  EngineConfig overloaded;
+  overloaded.max_model_len = 32;
+  overloaded.max_num_seqs = 1;
+  overloaded.max_waiting = 1;
+  Engine small(tiny().model, nullptr, overloaded);
+  small.add_request({5, 6}, greedy(1), nullptr);
+  small.add_request({5, 6}, greedy(1), nullptr);
+  EXPECT_THROW(small.add_request({5, 6}, greedy(1), nullptr), EngineUnavailable);
+
+  EngineConfig too_small;
+  too_small.max_model_len = 64;
+  too_small.kv_token_budget = 32;
+  EXPECT_THROW(Engine(tiny().model, nullptr, too_small), Error);
+}
+
+}  // namespace
+}  // namespace spin
