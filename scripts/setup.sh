@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 debs=(cmake ninja-build g++ clang libclang-rt-dev pkg-config
       libopenblas-openmp-dev libpcre2-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-      libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -19,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 py=${PYTHON:-python3}
-if ! "$py" -c "import numpy, gguf, tokenizers, safetensors, pytest" 2>/dev/null; then
+if ! "$py" -c "import numpy, gguf, tokenizers, safetensors, pytest, jinja2, openai" 2>/dev/null; then
   echo "setup: installing Python test references"
   "$py" -m pip install -q --disable-pip-version-check -r tests/requirements.txt
 fi
