@@ -86,6 +86,7 @@ Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfi
     stop_ids_ = {mc.eos_token_id};
   }
   metrics_.kv_tokens_capacity = kv_blocks_total_ * block;
+  sampleable_vocab_ = sampleable_vocab(mc.vocab_size, tokenizer_);
 }
 
 Engine::~Engine() { stop(); }
@@ -236,7 +237,8 @@ void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
   }
 }
 
-void Engine::sample_next(Request& r, std::span<const float> logits, RequestOutput& out) {
+void Engine::sample_next(Request& r, std::span<const float> all_logits, RequestOutput& out) {
+  const std::span<const float> logits = all_logits.first(sampleable_vocab_);
   const int32_t id = r.sampler.sample(logits);
   ++r.n_sampled;
   const auto now = clock::now();

@@ -43,6 +43,10 @@ std::string StopMatcher::flush() {
   return out;
 }
 
+int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer) {
+  return tokenizer ? std::min<int64_t>(model_vocab, tokenizer->vocab_size()) : model_vocab;
+}
+
 GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
                           std::span<const int32_t> prompt, const GenerationParams& params,
                           const std::function<void(std::string_view)>& on_text,
@@ -74,7 +78,8 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
   }
   result.prefill_seconds = std::chrono::duration<double>(clock::now() - t_prefill).count();
   const int64_t vocab = config.vocab_size;
-  std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
+  const int64_t usable = sampleable_vocab(vocab, tokenizer);
+  std::span<const float> last(logits.data() + logits.size() - vocab, usable);
 
   StopMatcher stops(params.stop);
   std::optional<StreamDecoder> decoder;
@@ -111,7 +116,7 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
     SequenceChunk chunk{std::span(&token, 1), n_prompt + i, &kv};
     model.forward(std::span(&chunk, 1), false, logits);
     ++result.decode_steps;
-    step_logits.assign(logits.begin(), logits.end());
+    step_logits.assign(logits.begin(), logits.begin() + usable);
   }
   if (decoder && !stops.stopped()) {
     emit(stops.push(decoder->flush()));
