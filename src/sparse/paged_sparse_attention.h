@@ -26,8 +26,8 @@ class PagedSparseAttention final : public SequenceAttention {
 
   // Multi-token calls are prefill. A single-token call on a non-empty sequence is decode and
   // ends the prefill first if the engine has not called finish_prefill.
-  void forward(int64_t layer, int64_t pos0, int64_t n, const float* q, const float* k,
-               const float* v, float* out) override;
+  void forward(int64_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens,
+               float* out) override;
   int64_t length() const override { return length_; }
 
   // Indexes the prompt's complete pages and offloads per the algorithm's placement.
@@ -45,6 +45,7 @@ class PagedSparseAttention final : public SequenceAttention {
   void prefill_attention(uint32_t layer, uint32_t pos0, uint32_t n, const float* q, float* out);
   void decode_attention(uint32_t layer, uint32_t pos, const float* q, float* out);
   void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page);
+  void keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uint32_t n, const float* k_pre_rope);
 
   kv::KvManager& kv_;
   const kv::HostPageMemory& memory_;
@@ -57,6 +58,11 @@ class PagedSparseAttention final : public SequenceAttention {
   bool prefill_done_ = false;
   uint64_t step_ = 0;
   StepBudget last_step_;
+  const RopeTable* rope_ = nullptr;
+  // Algorithms that summarise pre-RoPE keys: per (layer, KV head), the pre-RoPE keys of the
+  // tokens from the first page not yet indexed on ([token][head_dim]); indexing drops them.
+  std::vector<std::vector<float>> pre_rope_;
+  std::vector<uint32_t> pre_rope_first_page_;  // per layer
   // Scratch reused across layers.
   kv::LayerSelection selected_;
   kv::LayerSelection attended_;
