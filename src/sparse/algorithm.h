@@ -44,7 +44,9 @@ struct IndexInput {
   // Keys (page_size rows of head_dim floats, RoPE applied) of one complete page of a KV head.
   std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys;
   // The same keys before RoPE; set only for algorithms whose traits ask for pre_rope_keys.
-  std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys_pre_rope;
+  std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys_pre_rope = nullptr;
+  // Values of the same page (RetroInfer's value sums).
+  std::function<const float*(uint32_t kv_head, uint32_t page)> page_values = nullptr;
   const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
 };
 
@@ -58,6 +60,7 @@ struct SelectQuery {
   uint32_t first_candidate = 0;
   uint32_t end_candidate = 0;
   uint32_t budget_pages = 0;  // most pages Select may return per KV head
+  const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
 };
 
 // Read access to resident pages (CPU backend: plain pointers into the device tier).

@@ -154,6 +154,13 @@ void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint
                       return reader_->keys(device);
                     },
                 .page_keys_pre_rope = nullptr,
+                .page_values =
+                    [&](uint32_t kv_head, uint32_t page) {
+                      const kv::PageId device = kv_.lookup(request_, layer, kv_head, page).device;
+                      SPIN_CHECK(device != kv::kNoPage, "page {} to index is not on the device",
+                                 page);
+                      return reader_->values(device);
+                    },
                 .rope = rope_};
   if (settings_.traits.pre_rope_keys) {
     SPIN_CHECK(pre_rope_first_page_[layer] == first_page,
@@ -234,7 +241,8 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
                     .context_tokens = tokens,
                     .first_candidate = sink_end,
                     .end_candidate = window_start,
-                    .budget_pages = last_step_.budget_tokens / ps};
+                    .budget_pages = last_step_.budget_tokens / ps,
+                    .rope = rope_};
   selected_.clear();
   StepBudget& budget = last_step_;
   if (dense_layer) {

@@ -9,7 +9,8 @@
 #define SPIN_BUILTIN_SPARSE_ALGORITHMS(X) \
   X(dense)                                \
   X(dense_offload)                        \
-  X(quest)
+  X(quest)                                \
+  X(shadowkv)
 
 namespace spin::sparse {
 
