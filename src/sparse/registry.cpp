@@ -10,7 +10,8 @@
   X(dense)                                \
   X(dense_offload)                        \
   X(quest)                                \
-  X(shadowkv)
+  X(shadowkv)                             \
+  X(retroinfer)
 
 namespace spin::sparse {
 

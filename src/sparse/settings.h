@@ -31,6 +31,7 @@ struct SparseSettings {
   std::string seer_gate_path = {};     // safetensors with trained gate weights
   uint32_t retroinfer_segment_tokens = 8192;  // k-means segment
   uint32_t retroinfer_cluster_tokens = 16;    // average tokens per cluster
+  uint32_t retroinfer_recluster_tokens = 1024;  // decode tokens clustered together
   double retroinfer_estimate_fraction = 0.232;  // clusters estimated after the exact ones
 };
 
