@@ -11,7 +11,8 @@
   X(dense_offload)                        \
   X(quest)                                \
   X(shadowkv)                             \
-  X(retroinfer)
+  X(retroinfer)                           \
+  X(seer)
 
 namespace spin::sparse {
 
