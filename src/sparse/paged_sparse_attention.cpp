@@ -71,10 +71,28 @@ PagedSparseAttention::~PagedSparseAttention() { kv_.release(request_); }
 
 void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n,
                                    const AttentionTokens& tokens, float* out) {
-  const float* q = tokens.q;
-  SPIN_CHECK(layer >= 0 && layer < shape_.n_layers && n > 0 && pos0 >= 0,
+  store_tokens(static_cast<uint32_t>(layer), pos0, n, tokens);
+  if (prefill_done_) {
+    decode_attention(static_cast<uint32_t>(layer), static_cast<uint32_t>(pos0), tokens.q, out);
+  } else {
+    prefill_attention(static_cast<uint32_t>(layer), static_cast<uint32_t>(pos0),
+                      static_cast<uint32_t>(n), tokens.q, out);
+  }
+  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
+}
+
+void PagedSparseAttention::store_prefill(int64_t layer, int64_t pos0, int64_t n,
+                                         const AttentionTokens& tokens) {
+  SPIN_CHECK(!prefill_done_, "paged attention: store_prefill after the prefill ended");
+  store_tokens(static_cast<uint32_t>(layer), pos0, n, tokens);
+  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
+}
+
+void PagedSparseAttention::store_tokens(uint32_t layer, int64_t pos0, int64_t n,
+                                        const AttentionTokens& tokens) {
+  SPIN_CHECK(layer < shape_.n_layers && n > 0 && pos0 >= 0,
              "paged attention: bad call (layer {}, position {}, {} tokens)", layer, pos0, n);
-  const auto l = static_cast<uint32_t>(layer);
+  const uint32_t l = layer;
   if (layer == 0) {
     SPIN_CHECK(pos0 == length_, "paged attention: write at position {} but {} tokens are stored",
                pos0, length_);
@@ -87,9 +105,10 @@ void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n,
     kv_.reserve_tokens(request_, static_cast<uint32_t>(n));
     if (prefill_done_) {
       ++step_;
-      const auto tokens = static_cast<uint32_t>(pos0 + 1);
-      last_step_ = StepBudget{.context_tokens = tokens,
-                              .budget_tokens = settings_.budget_pages(tokens) * settings_.page_size};
+      const auto tokens_in_context = static_cast<uint32_t>(pos0 + 1);
+      last_step_ = StepBudget{
+          .context_tokens = tokens_in_context,
+          .budget_tokens = settings_.budget_pages(tokens_in_context) * settings_.page_size};
     }
   } else {
     SPIN_CHECK(pos0 + n == kv_.num_tokens(request_),
@@ -105,12 +124,6 @@ void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n,
                settings_.algorithm);
     keep_pre_rope_keys(l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), tokens.k_pre_rope);
   }
-  if (prefill_done_) {
-    decode_attention(l, static_cast<uint32_t>(pos0), q, out);
-  } else {
-    prefill_attention(l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), q, out);
-  }
-  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
 }
 
 void PagedSparseAttention::finish_prefill() {
@@ -271,6 +284,7 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
       budget.sink_tokens += sink_tokens;
       budget.window_tokens += window_tokens;
       ++budget.sparse_heads;
+      if (trace_ != nullptr) trace_->add(step_, trace_request_, layer, g, head);
     }
   }
 

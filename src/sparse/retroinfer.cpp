@@ -8,10 +8,10 @@
 //    (1024) of them form a new segment.
 //  - Clusters on the page substrate: a cluster is a list of token positions; retrieving it means
 //    retrieving the pages that hold those tokens. Select ranks clusters by softmax(q·centroid·s)
-//    summed over the GQA group; the exact zone takes clusters in rank order while the union of
-//    their candidate pages fits the page budget (every token of a retrieved page is attended
-//    exactly); the estimation zone is the next `retroinfer_estimate_fraction` (23.2%) of the
-//    clusters.
+//    summed over the GQA group; the exact zone takes clusters in rank order whose candidate
+//    pages still fit the page budget (a cluster that does not fit is passed over; every token of
+//    a retrieved page is attended exactly); the estimation zone is the best
+//    `retroinfer_estimate_fraction` (23.2%) of the clusters left out.
 //  - Attention (own): exact softmax over the attended pages (4 sinks → the first page, 64 recent
 //    tokens, selected pages) plus, for each estimation cluster, its tokens that no attended page
 //    holds, as one term: weight |c'|·exp(q·centroid·s), value sum Σ_{t∈c'} v_t (cluster value sum
@@ -102,31 +102,34 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
         chosen.push_back(p);
       }
       unbudgeted_[g] = static_cast<uint32_t>(chosen.size());
-      // Exact zone: clusters in rank order while their pages fit the budget.
-      uint32_t budget_used = 0, next = 0;
-      std::vector<uint32_t> fresh;
-      for (; next < n_clusters; ++next) {
+      // Exact zone: clusters in rank order whose pages still fit the budget (a cluster that
+      // does not fit is passed over, a smaller one after it may fit).
+      uint32_t budget_used = 0;
+      std::vector<uint32_t> fresh, rest;
+      for (uint32_t i = 0; i < n_clusters; ++i) {
         fresh.clear();
-        for (uint32_t t : s.tokens[ranked[next]]) {
+        for (uint32_t t : s.tokens[ranked[i]]) {
           const uint32_t p = t / page_size_;
-          if (p >= first && p < end && !page_mark_[p] &&
-              (fresh.empty() || fresh.back() != p))
-            fresh.push_back(p);
+          if (p >= first && p < end && !page_mark_[p]) fresh.push_back(p);
         }
         std::sort(fresh.begin(), fresh.end());
         fresh.erase(std::unique(fresh.begin(), fresh.end()), fresh.end());
-        if (budget_used + fresh.size() > query.budget_pages) break;
+        if (budget_used + fresh.size() > query.budget_pages) {
+          rest.push_back(ranked[i]);
+          continue;
+        }
         for (uint32_t p : fresh) page_mark_[p] = 1;
         chosen.insert(chosen.end(), fresh.begin(), fresh.end());
         budget_used += static_cast<uint32_t>(fresh.size());
       }
-      // Estimation zone: the next clusters; their tokens on no attended page are estimated.
+      // Estimation zone: the best clusters left out; their tokens on no attended page are
+      // estimated.
       const auto n_estimate = static_cast<uint32_t>(std::ceil(estimate_fraction_ * n_clusters));
-      for (uint32_t i = next; i < std::min(n_clusters, next + n_estimate); ++i) {
+      for (uint32_t i = 0; i < std::min<size_t>(rest.size(), n_estimate); ++i) {
         uint32_t missing = 0;
-        for (uint32_t t : s.tokens[ranked[i]]) missing += !attended(t / page_size_, first, end);
+        for (uint32_t t : s.tokens[rest[i]]) missing += !attended(t / page_size_, first, end);
         if (missing == 0) continue;
-        estimated_[g].push_back(ranked[i]);
+        estimated_[g].push_back(rest[i]);
         budget.estimated_tokens += missing;
       }
       out.add_head(chosen);

@@ -93,12 +93,15 @@ struct Reference {
       std::iota(rank.begin(), rank.end(), 0u);
       std::stable_sort(rank.begin(), rank.end(), [&](uint32_t a, uint32_t b) { return score[a] > score[b]; });
       std::set<uint32_t>& pages = selected[g];
-      uint32_t next = 0;
-      for (; next < m; ++next) {
+      std::vector<uint32_t> left_out;
+      for (uint32_t i = 0; i < m; ++i) {
         std::set<uint32_t> fresh;
-        for (uint32_t t : members[rank[next]])
+        for (uint32_t t : members[rank[i]])
           if (t / ps >= first && t / ps < end && !pages.count(t / ps)) fresh.insert(t / ps);
-        if (pages.size() + fresh.size() > budget_pages) break;
+        if (pages.size() + fresh.size() > budget_pages) {
+          left_out.push_back(rank[i]);
+          continue;
+        }
         pages.insert(fresh.begin(), fresh.end());
       }
       auto attended = [&](uint32_t t) { return t / ps < first || t / ps >= end || pages.count(t / ps); };
@@ -116,16 +119,16 @@ struct Reference {
           for (uint32_t d = 0; d < hd; ++d) kt[d] = key(t, d), vt[d] = val(t, d);
           terms.emplace_back(std::exp(dotq(kt)), vt);
         }
-        for (uint32_t i = next; i < std::min(m, next + n_est); ++i) {
+        for (uint32_t i = 0; i < std::min<size_t>(left_out.size(), n_est); ++i) {
           std::vector<double> vs(hd, 0.0);
           uint32_t size = 0;
-          for (uint32_t t : members[rank[i]]) {
+          for (uint32_t t : members[left_out[i]]) {
             if (attended(t)) continue;
             ++size;
             for (uint32_t d = 0; d < hd; ++d) vs[d] += val(t, d);
           }
           if (size == 0) continue;
-          const double w = std::exp(dotq(centroid[rank[i]]));
+          const double w = std::exp(dotq(centroid[left_out[i]]));
           for (double& x : vs) x /= size;
           terms.emplace_back(w * size, vs);
         }
