@@ -23,8 +23,11 @@ float* ContiguousAttention::v_row(int64_t layer, int64_t kv_head, int64_t pos) {
   return v_.data() + ((layer * shape_.n_kv_heads + kv_head) * max_tokens_ + pos) * shape_.head_dim;
 }
 
-void ContiguousAttention::forward(int64_t layer, int64_t pos0, int64_t n, const float* q,
-                                  const float* k, const float* v, float* out) {
+void ContiguousAttention::forward(int64_t layer, int64_t pos0, int64_t n,
+                                  const AttentionTokens& tokens, float* out) {
+  const float* q = tokens.q;
+  const float* k = tokens.k;
+  const float* v = tokens.v;
   SPIN_CHECK(pos0 + n <= max_tokens_, "KV cache full: {} tokens requested, capacity {}", pos0 + n,
              max_tokens_);
   SPIN_CHECK(pos0 <= length_, "KV cache: write at position {} leaves a gap after {}", pos0, length_);

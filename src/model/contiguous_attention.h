@@ -11,8 +11,8 @@ class ContiguousAttention final : public SequenceAttention {
  public:
   ContiguousAttention(const AttentionShape& shape, int64_t max_tokens);
 
-  void forward(int64_t layer, int64_t pos0, int64_t n, const float* q, const float* k,
-               const float* v, float* out) override;
+  void forward(int64_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens,
+               float* out) override;
   int64_t length() const override { return length_; }
   int64_t capacity() const { return max_tokens_; }
 

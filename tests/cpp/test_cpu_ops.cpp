@@ -139,10 +139,10 @@ TEST_F(CpuOps, ContiguousAttentionMatchesNaiveCausalGqa) {
   for (int64_t p = 0; p < T; p += 4) {
     const int64_t n = std::min<int64_t>(4, T - p);
     for (int64_t layer = 0; layer < shape.n_layers; ++layer)
-      chunked.forward(layer, p, n, &q[p * qw], &k[p * kw], &v[p * kw], &out[p * qw]);
+      chunked.forward(layer, p, n, {.q = &q[p * qw], .k = &k[p * kw], .v = &v[p * kw]}, &out[p * qw]);
   }
   for (int64_t layer = 0; layer < shape.n_layers; ++layer)
-    one_shot.forward(layer, 0, T, q.data(), k.data(), v.data(), out1.data());
+    one_shot.forward(layer, 0, T, {.q = q.data(), .k = k.data(), .v = v.data()}, out1.data());
   EXPECT_EQ(chunked.length(), T);
   std::vector<double> ref(T * qw, 0.0);
   const int64_t group = shape.n_heads / shape.n_kv_heads, d = shape.head_dim;
