@@ -56,6 +56,9 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
   SPIN_CHECK(!prompt.empty(), "the prompt is empty");
   SPIN_CHECK(params.max_tokens >= 0, "max tokens must be >= 0, got {}", params.max_tokens);
   SPIN_CHECK(params.prefill_chunk > 0, "prefill chunk must be positive, got {}", params.prefill_chunk);
+  SPIN_CHECK(params.max_context <= config.max_position,
+             "max context {} is longer than the model's context length {}", params.max_context,
+             config.max_position);
   const int64_t context = params.max_context > 0 ? params.max_context : config.max_position;
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   SPIN_CHECK(n_prompt < context || (n_prompt == context && params.max_tokens == 0),
