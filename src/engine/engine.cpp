@@ -89,6 +89,7 @@ Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfi
   kv_capacity_ = factory_->capacity();
   kv_capacity_.blocks = kv_blocks_total_;
   metrics_.kv_tokens_capacity = kv_blocks_total_ * block;
+  metrics_.kv_store = factory_->usage();
 }
 
 Engine::~Engine() { stop(); }
