@@ -173,3 +173,110 @@ def test_concurrent_streams_with_disconnects(load_server):
         idle["spin_kv_cache_hits_total"] + idle["spin_kv_cache_misses_total"]
     print(f"load: {N_REQUESTS} requests in {load_s:.1f}s (reference {per_request_s:.2f}s/request, slow={slow}), "
           f"aborted {aborted:.0f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzed request bodies against the live server.
+
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "ignore_eos",
+          "best_of", "echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "spin",
+          "response_format", "tools", "user"]
+SPIN_FIELDS = ["algorithm", "budget", "sink_tokens", "window_tokens", "first_dense_layers", "ignore_eos", "nope"]
+
+
+def random_value(rng, depth=0):
+    choices = [
+        lambda: None, lambda: rng.random() < 0.5, lambda: rng.choice([-1, 0, 1, 3, 2 ** 31, 2 ** 63, 2 ** 64, -2 ** 63 - 1, 10 ** 30]),
+        lambda: rng.choice([0.5, -0.0, 1e308, -1e308, 1.5, 2.0000001, 1e-320]),
+        lambda: "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(0, 12))),
+        lambda: rng.choice(["dense", "quest", "smollm2-test", "", "\u0000", "user", "text"]),
+    ]
+    if depth < 3:
+        choices += [lambda: [random_value(rng, depth + 1) for _ in range(rng.randrange(0, 4))],
+                    lambda: {rng.choice(FIELDS + SPIN_FIELDS + ["type", "text", "role", "content"]): random_value(rng, depth + 1)
+                             for _ in range(rng.randrange(0, 4))}]
+    return rng.choice(choices)()
+
+
+def valid_bodies():
+    return [
+        {"model": "smollm2-test", "prompt": "Hello", "max_tokens": 3, "temperature": 0},
+        {"prompt": [1, 2, 3], "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}},
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "logprobs": True, "top_logprobs": 2},
+        {"prompt": "Once", "max_tokens": 2, "n": 2, "seed": 5, "stop": ["\n"],
+         "spin": {"algorithm": "quest", "budget": 0.5, "ignore_eos": True}},
+    ]
+
+
+def fuzzed_bodies(rng, count):
+    """(path, bytes) pairs: valid bodies with fields set to random values, deep nesting, huge
+    numbers, invalid UTF-8, truncation and random bytes."""
+    out = []
+    for k in range(count):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+        base = json.loads(json.dumps(rng.choice(valid_bodies())))
+        kind = k % 8
+        if kind in (0, 1, 2):
+            for _ in range(rng.randrange(1, 4)):
+                base[rng.choice(FIELDS)] = random_value(rng)
+            data = json.dumps(base).encode()
+        elif kind == 3:
+            spin = base.setdefault("spin", {})
+            for _ in range(rng.randrange(1, 4)):
+                spin[rng.choice(SPIN_FIELDS)] = random_value(rng)
+            data = json.dumps(base).encode()
+        elif kind == 4:
+            depth = rng.choice([100, 1000, 20000])
+            data = json.dumps(base).encode()[:-1] + b', "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+        elif kind == 5:
+            text = json.dumps(base).encode()
+            i = text.find(b'"', text.find(b":") + 1) + 1 or 1
+            data = text[:i] + bytes(rng.choice([[0xff], [0xc3], [0xed, 0xa0, 0x80], [0xf8, 0x88]])) + text[i:]
+        elif kind == 6:
+            text = json.dumps(base).encode()
+            data = text[:rng.randrange(0, len(text))]
+        else:
+            data = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 64)))
+            if rng.random() < 0.5:
+                data = json.dumps(rng.choice([[], 3, "x", None, [1, 2], {"prompt": None}])).encode()
+        out.append((path, data))
+    return out
+
+
+def test_fuzzed_bodies_get_openai_errors_never_500(load_server):
+    server = load_server
+    rng = random.Random(99)
+    bodies = fuzzed_bodies(rng, 300)
+
+    def send(item):
+        path, data = item
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
+        try:
+            conn.request("POST", path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("Content-Type", ""), resp.read()
+        finally:
+            conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(send, bodies))
+    statuses = {}
+    for (path, data), (status, content_type, raw) in zip(bodies, answers):
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status == 200 or 400 <= status < 500, (status, path, data[:300], raw[:300])
+        if status == 200:
+            if content_type.startswith("text/event-stream"):
+                assert raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
+            else:
+                assert json.loads(raw)["choices"], raw[:300]
+            continue
+        err = json.loads(raw)["error"]
+        assert set(err) == {"message", "type", "param", "code"}, err
+        assert isinstance(err["message"], str) and err["message"], err
+        assert err["type"] in ("invalid_request_error", "not_found_error"), err
+    assert statuses.get(200, 0) > 0 and sum(v for k, v in statuses.items() if k >= 400) > 200, statuses
+    status, _, _ = server.request("GET", "/health")
+    assert status == 200 and server.proc.poll() is None
+    m = wait_idle(server, 60)
+    assert m["spin_kv_tokens_used"] == 0 and m["spin_kv_device_pages_reserved"] == 0
