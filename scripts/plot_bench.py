@@ -5,7 +5,6 @@ latency against the request rate, one line per result file (e.g. one per attenti
 usage: scripts/plot_bench.py OUT.png RESULT.json[=LABEL] [RESULT.json[=LABEL] ...]
 """
 import json
-import math
 import sys
 
 import matplotlib
