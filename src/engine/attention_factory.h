@@ -70,6 +70,9 @@ class AttentionFactory {
   // its prefill has ended. Default: blocks of block_tokens tokens.
   virtual KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens,
                           bool decoding, int64_t block_tokens) const;
+  // The store ran out during a step that ran requests with these settings: their algorithm kept
+  // more pages than demand() allowed for, so from now on it is admitted by its whole context.
+  virtual void store_exhausted(const AttentionSettings&) {}
   // Paged-store capacity (the blocks component is the engine's own budget and ignored).
   virtual KvDemand capacity() const { return {}; }
   // True when a one-token call on a non-empty sequence ends its prefill (paged sparse stores):

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/memory.h"
 #include "kernels/cpu/ops.h"
+#include "kv/page_pool.h"
 
 namespace spin {
 
@@ -90,6 +91,7 @@ Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfi
   kv_capacity_.blocks = kv_blocks_total_;
   metrics_.kv_tokens_capacity = kv_blocks_total_ * block;
   metrics_.kv_store = factory_->usage();
+  sampleable_vocab_ = sampleable_vocab(mc.vocab_size, tokenizer_);
 }
 
 Engine::~Engine() { stop(); }
@@ -256,7 +258,8 @@ void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
   }
 }
 
-void Engine::sample_next(Request& r, std::span<const float> logits, RequestOutput& out) {
+void Engine::sample_next(Request& r, std::span<const float> all_logits, RequestOutput& out) {
+  const std::span<const float> logits = all_logits.first(sampleable_vocab_);
   const int32_t id = r.sampler.sample(logits);
   ++r.n_sampled;
   const auto now = clock::now();
@@ -368,7 +371,31 @@ StepReport Engine::step() {
       report.chunks.push_back(ScheduledChunk{r->id, r->computed, n, samples});
       report.n_tokens += n;
     }
-    model_.forward(chunks, false, logits_);
+    try {
+      model_.forward(chunks, false, logits_);
+    } catch (const kv::PoolExhausted& e) {
+      // The paged store ran out inside the forward: an algorithm kept more pages than the
+      // admission bound allows for (its unbudgeted pages). Every request of this step now holds
+      // partial KV, so all of them recompute later (admitted by their whole context from now on);
+      // one that ran alone cannot run at all.
+      spdlog::warn("KV store exhausted during a step of {} requests: {}", scheduled.size(), e.what());
+      report.chunks.clear();
+      report.n_tokens = 0;
+      for (auto& [r, n] : scheduled) {
+        factory_->store_exhausted(r->params.attention);
+        if (scheduled.size() > 1) {
+          preempt(*r);
+          ++report.preempted;
+          continue;
+        }
+        RequestOutput out;
+        finish(*r, "error", out);
+        out.error = fmt::format("the KV store cannot hold this request: {}", e.what());
+        outputs.emplace_back(std::move(r->on_output), std::move(out));
+        requests_.erase(r->id);
+      }
+      scheduled.clear();
+    }
     const int64_t vocab = model_.config().vocab_size;
     for (size_t i = 0; i < scheduled.size(); ++i) {
       Request& r = *scheduled[i].first;

@@ -185,6 +185,7 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<AttentionFactory> factory_;
   std::vector<int32_t> stop_ids_;
+  int64_t sampleable_vocab_ = 0;  // leading logits that may be sampled (see sampleable_vocab)
   int64_t kv_blocks_total_ = 0;
   // KV held by all requests and what the stores can hold (blocks: the contiguous store's
   // budget; pages: the paged store's pools, from the factory).

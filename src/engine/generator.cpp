@@ -43,6 +43,10 @@ std::string StopMatcher::flush() {
   return out;
 }
 
+int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer) {
+  return tokenizer ? std::min<int64_t>(model_vocab, tokenizer->vocab_size()) : model_vocab;
+}
+
 GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
                           std::span<const int32_t> prompt, const GenerationParams& params,
                           const std::function<void(std::string_view)>& on_text,
@@ -52,6 +56,9 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
   SPIN_CHECK(!prompt.empty(), "the prompt is empty");
   SPIN_CHECK(params.max_tokens >= 0, "max tokens must be >= 0, got {}", params.max_tokens);
   SPIN_CHECK(params.prefill_chunk > 0, "prefill chunk must be positive, got {}", params.prefill_chunk);
+  SPIN_CHECK(params.max_context <= config.max_position,
+             "max context {} is longer than the model's context length {}", params.max_context,
+             config.max_position);
   const int64_t context = params.max_context > 0 ? params.max_context : config.max_position;
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   SPIN_CHECK(n_prompt < context || (n_prompt == context && params.max_tokens == 0),
@@ -74,7 +81,8 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
   }
   result.prefill_seconds = std::chrono::duration<double>(clock::now() - t_prefill).count();
   const int64_t vocab = config.vocab_size;
-  std::span<const float> last(logits.data() + logits.size() - vocab, vocab);
+  const int64_t usable = sampleable_vocab(vocab, tokenizer);
+  std::span<const float> last(logits.data() + logits.size() - vocab, usable);
 
   StopMatcher stops(params.stop);
   std::optional<StreamDecoder> decoder;
@@ -111,7 +119,7 @@ GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
     SequenceChunk chunk{std::span(&token, 1), n_prompt + i, &kv};
     model.forward(std::span(&chunk, 1), false, logits);
     ++result.decode_steps;
-    step_logits.assign(logits.begin(), logits.end());
+    step_logits.assign(logits.begin(), logits.begin() + usable);
   }
   if (decoder && !stops.stopped()) {
     emit(stops.push(decoder->flush()));

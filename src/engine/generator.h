@@ -50,6 +50,10 @@ class StopMatcher {
   bool stopped_ = false;
 };
 
+// How many leading logits may be sampled: rows past the tokenizer's vocabulary are padding
+// (Qwen3 has 151936 logits for 151669 tokens) and have no text.
+int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer);
+
 // prompt_logits, when given, receives the logits of every prompt position [prompt, vocab].
 GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
                           std::span<const int32_t> prompt, const GenerationParams& params,

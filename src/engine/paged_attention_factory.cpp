@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
+#include <set>
 
 #include "base/error.h"
 #include "kv/kv_manager.h"
@@ -110,12 +112,24 @@ class PagedAttentionFactory final : public AttentionFactory {
       d.device_pages = streams * std::min(pages, always) + heads * pages;
       return d;
     }
+    if (unbounded(settings.algorithm)) {
+      d.device_pages = streams * pages;
+      return d;
+    }
+    // Exact for algorithms whose selection stays within budget_pages; one that adds unbudgeted
+    // pages (outliers, whole clusters) is caught by store_exhausted and admitted by its context.
     const int64_t selected = r.budget_pages(static_cast<uint32_t>(tokens));
     const int64_t per_sparse_stream =
         std::min<int64_t>(pages, always + selected + buffer_pages(r, max_tokens));
     const int64_t dense_layers = std::min<int64_t>(r.first_dense_layers, shape_.n_layers);
     d.device_pages = dense_layers * heads * pages + (shape_.n_layers - dense_layers) * heads * per_sparse_stream;
     return d;
+  }
+
+  void store_exhausted(const AttentionSettings& settings) override {
+    if (settings.algorithm == "dense") return;
+    std::lock_guard lock(unbounded_mutex_);
+    unbounded_.insert(settings.algorithm);
   }
 
   KvDemand capacity() const override {
@@ -156,6 +170,11 @@ class PagedAttentionFactory final : public AttentionFactory {
     return sparse::resolve_settings(s, algorithm->traits(), shape_, kv_->config());
   }
 
+  bool unbounded(const std::string& algorithm) const {
+    std::lock_guard lock(unbounded_mutex_);
+    return unbounded_.count(algorithm) > 0;
+  }
+
   uint32_t buffer_pages(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
     if (r.traits.placement != sparse::Placement::Offload) return 0;
     const double pages = buffer_factor_ * r.budget_pages(static_cast<uint32_t>(max_tokens));
@@ -167,6 +186,9 @@ class PagedAttentionFactory final : public AttentionFactory {
   std::unique_ptr<kv::HostPageMemory> memory_;
   std::unique_ptr<kv::KvManager> kv_;
   std::unique_ptr<AttentionFactory> contiguous_;
+  // Algorithms whose decode working set proved larger than the budget bound (any thread reads).
+  mutable std::mutex unbounded_mutex_;
+  std::set<std::string> unbounded_;
 };
 
 }  // namespace

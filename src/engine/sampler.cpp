@@ -28,49 +28,47 @@ int32_t Sampler::sample(std::span<const float> logits) {
   if (params_.temperature == 0.0f || params_.top_k == 1) return argmax(logits);
   const int32_t vocab = static_cast<int32_t>(logits.size());
 
-  // Candidates sorted by logit, cut by top-k first (as vLLM and llama.cpp order the filters).
+  // Candidates: the top-k by logit when top-k is on (filters apply in vLLM's and llama.cpp's
+  // order: top-k, then min-p and top-p on the tempered distribution), else the whole vocabulary.
   candidates_.resize(vocab);
   for (int32_t i = 0; i < vocab; ++i) candidates_[i] = {logits[i], i};
-  const int32_t k = params_.top_k > 0 ? std::min(params_.top_k, vocab) : vocab;
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), by_logit);
-  candidates_.resize(k);
-
-  // Probabilities at the temperature.
-  const double inv_t = 1.0 / params_.temperature;
-  const double top = candidates_[0].first;
-  std::vector<double> probs(k);
-  double sum = 0.0;
-  for (int32_t i = 0; i < k; ++i) {
-    probs[i] = std::exp((candidates_[i].first - top) * inv_t);
-    sum += probs[i];
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    std::nth_element(candidates_.begin(), candidates_.begin() + params_.top_k, candidates_.end(),
+                     by_logit);
+    candidates_.resize(params_.top_k);
   }
-  for (double& p : probs) p /= sum;
+
+  // Unnormalised probabilities at the temperature; the largest is exactly 1.
+  float top = candidates_[0].first;
+  for (const auto& c : candidates_) top = std::max(top, c.first);
+  const float inv_t = 1.0f / params_.temperature;
+  for (auto& c : candidates_) c.first = std::exp((c.first - top) * inv_t);
 
   // min-p: drop tokens below min_p times the most likely one.
-  int32_t keep = k;
   if (params_.min_p > 0.0f) {
-    const double floor = params_.min_p * probs[0];
-    keep = static_cast<int32_t>(std::find_if(probs.begin(), probs.begin() + keep,
-                                             [&](double p) { return p < floor; }) -
-                                probs.begin());
+    std::erase_if(candidates_, [&](const auto& c) { return c.first < params_.min_p; });
   }
-  // top-p: the smallest prefix whose mass reaches top_p.
+  double total = 0.0;
+  for (const auto& c : candidates_) total += c.first;
+  // top-p: the smallest most-likely prefix whose mass reaches top_p (needs the order).
   if (params_.top_p < 1.0f) {
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
     double mass = 0.0;
-    for (int32_t i = 0; i < keep; ++i) {
-      mass += probs[i];
-      if (mass >= params_.top_p) {
-        keep = i + 1;
-        break;
-      }
-    }
+    size_t keep = 0;
+    while (keep < candidates_.size() && mass < params_.top_p * total) mass += candidates_[keep++].first;
+    candidates_.resize(std::max<size_t>(keep, 1));
+    total = mass;
   }
-  keep = std::max(keep, 1);
-  std::discrete_distribution<int32_t> pick(probs.begin(), probs.begin() + keep);
-  return candidates_[pick(rng_)].second;
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  double u = uniform(rng_);
+  for (const auto& c : candidates_) {
+    u -= c.first;
+    if (u < 0.0) return c.second;
+  }
+  return candidates_.back().second;
 }
 
 }  // namespace spin

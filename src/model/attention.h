@@ -7,6 +7,8 @@
 
 namespace spin {
 
+struct RopeTable;
+
 struct AttentionShape {
   int64_t n_layers = 0;
   int64_t n_heads = 0;
@@ -15,14 +17,24 @@ struct AttentionShape {
   float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim)
 };
 
+// One layer's new tokens of one sequence, as the forward pass hands them over.
+// q: [n, n_heads * head_dim], k, v, k_pre_rope: [n, n_kv_heads * head_dim].
+struct AttentionTokens {
+  const float* q = nullptr;           // RoPE applied
+  const float* k = nullptr;           // RoPE applied
+  const float* v = nullptr;
+  const float* k_pre_rope = nullptr;  // k before RoPE (ShadowKV and Seer summarise these)
+  const RopeTable* rope = nullptr;    // the rotation that turned k_pre_rope into k
+};
+
 class SequenceAttention {
  public:
   virtual ~SequenceAttention() = default;
   // Stores k/v of the tokens at positions [pos0, pos0 + n) for `layer` and writes, for each of
   // those tokens, causal attention over positions [0, its own position].
-  // q, out: [n, n_heads * head_dim]; k, v: [n, n_kv_heads * head_dim] (RoPE already applied).
-  virtual void forward(int64_t layer, int64_t pos0, int64_t n, const float* q, const float* k,
-                       const float* v, float* out) = 0;
+  // out: [n, n_heads * head_dim]. k_pre_rope and rope may be null where no algorithm needs them.
+  virtual void forward(int64_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens,
+                       float* out) = 0;
   // Tokens stored so far (positions [0, length())).
   virtual int64_t length() const = 0;
 };

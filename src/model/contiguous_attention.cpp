@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/checked.h"
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
 
@@ -10,24 +11,49 @@ namespace spin {
 
 ContiguousAttention::ContiguousAttention(const AttentionShape& shape, int64_t max_tokens)
     : shape_(shape), max_tokens_(max_tokens) {
-  const size_t n = static_cast<size_t>(shape.n_layers * shape.n_kv_heads * max_tokens * shape.head_dim);
-  k_.resize(n);
-  v_.resize(n);
+  SPIN_CHECK(max_tokens > 0, "KV cache: capacity must be positive, got {}", max_tokens);
+  // The largest buffer this cache may grow to must have a representable size.
+  checked_mul(checked_mul(static_cast<uint64_t>(shape.n_layers * shape.n_kv_heads),
+                          static_cast<uint64_t>(max_tokens), "KV cache size"),
+              static_cast<uint64_t>(shape.head_dim) * sizeof(float), "KV cache size");
 }
 
 float* ContiguousAttention::k_row(int64_t layer, int64_t kv_head, int64_t pos) {
-  return k_.data() + ((layer * shape_.n_kv_heads + kv_head) * max_tokens_ + pos) * shape_.head_dim;
+  return k_.data() + ((layer * shape_.n_kv_heads + kv_head) * capacity_ + pos) * shape_.head_dim;
 }
 
 float* ContiguousAttention::v_row(int64_t layer, int64_t kv_head, int64_t pos) {
-  return v_.data() + ((layer * shape_.n_kv_heads + kv_head) * max_tokens_ + pos) * shape_.head_dim;
+  return v_.data() + ((layer * shape_.n_kv_heads + kv_head) * capacity_ + pos) * shape_.head_dim;
 }
 
-void ContiguousAttention::forward(int64_t layer, int64_t pos0, int64_t n, const float* q,
-                                  const float* k, const float* v, float* out) {
+void ContiguousAttention::grow_to(int64_t tokens) {
+  int64_t capacity = std::max<int64_t>(capacity_, 256);
+  while (capacity < tokens) capacity *= 2;
+  capacity = std::min(capacity, max_tokens_);
+  const int64_t blocks = shape_.n_layers * shape_.n_kv_heads;
+  const int64_t hd = shape_.head_dim;
+  std::vector<float> k(static_cast<size_t>(blocks * capacity * hd));
+  std::vector<float> v(k.size());
+  // Every layer holds rows [0, length_) when a chunk starts, which is when growth happens.
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (length_ == 0) break;
+    std::memcpy(k.data() + b * capacity * hd, k_.data() + b * capacity_ * hd, sizeof(float) * length_ * hd);
+    std::memcpy(v.data() + b * capacity * hd, v_.data() + b * capacity_ * hd, sizeof(float) * length_ * hd);
+  }
+  k_.swap(k);
+  v_.swap(v);
+  capacity_ = capacity;
+}
+
+void ContiguousAttention::forward(int64_t layer, int64_t pos0, int64_t n,
+                                  const AttentionTokens& tokens, float* out) {
+  const float* q = tokens.q;
+  const float* k = tokens.k;
+  const float* v = tokens.v;
   SPIN_CHECK(pos0 + n <= max_tokens_, "KV cache full: {} tokens requested, capacity {}", pos0 + n,
              max_tokens_);
   SPIN_CHECK(pos0 <= length_, "KV cache: write at position {} leaves a gap after {}", pos0, length_);
+  if (pos0 + n > capacity_) grow_to(pos0 + n);
   const int64_t hd = shape_.head_dim;
   const int64_t n_kv = shape_.n_kv_heads;
   const int64_t group = shape_.n_heads / n_kv;

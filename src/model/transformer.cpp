@@ -34,6 +34,7 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
   h_.resize(n_tokens * hidden);
   q_.resize(n_tokens * q_width);
   k_.resize(n_tokens * kv_width);
+  k_pre_rope_.resize(n_tokens * kv_width);
   v_.resize(n_tokens * kv_width);
   attn_.resize(n_tokens * q_width);
   gate_.resize(n_tokens * ffn);
@@ -65,6 +66,8 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
       cpu::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), n_tokens * c.n_kv_heads, c.head_dim,
                    c.rms_eps);
     }
+    // Some sparse algorithms summarise keys before RoPE.
+    std::memcpy(k_pre_rope_.data(), k_.data(), sizeof(float) * n_tokens * kv_width);
 #pragma omp parallel for if (n_tokens > 1)
     for (int64_t t = 0; t < n_tokens; ++t) {
       cpu::rope(&q_[t * q_width], c.n_heads, c.head_dim, positions[t], rope_.inv_freq.data(),
@@ -75,8 +78,12 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
     int64_t t0 = 0;
     for (const SequenceChunk& chunk : chunks) {
       const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-      chunk.attention->forward(l, chunk.pos0, n, &q_[t0 * q_width], &k_[t0 * kv_width],
-                               &v_[t0 * kv_width], &attn_[t0 * q_width]);
+      const AttentionTokens tokens{.q = &q_[t0 * q_width],
+                                   .k = &k_[t0 * kv_width],
+                                   .v = &v_[t0 * kv_width],
+                                   .k_pre_rope = &k_pre_rope_[t0 * kv_width],
+                                   .rope = &rope_};
+      chunk.attention->forward(l, chunk.pos0, n, tokens, &attn_[t0 * q_width]);
       t0 += n;
     }
     cpu::matmul_nt(attn_.data(), L.wo.data.data(), h_.data(), n_tokens, hidden, q_width);

@@ -33,7 +33,7 @@ class Transformer {
   const ModelWeights& weights_;
   RopeTable rope_;
   // Activations, reused across steps: [tokens, width].
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, rows_;
+  std::vector<float> x_, h_, q_, k_, k_pre_rope_, v_, attn_, gate_, up_, rows_;
 };
 
 }  // namespace spin

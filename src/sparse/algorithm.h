@@ -43,6 +43,11 @@ struct IndexInput {
   uint32_t end_page = 0;
   // Keys (page_size rows of head_dim floats, RoPE applied) of one complete page of a KV head.
   std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys;
+  // The same keys before RoPE; set only for algorithms whose traits ask for pre_rope_keys.
+  std::function<const float*(uint32_t kv_head, uint32_t page)> page_keys_pre_rope = nullptr;
+  // Values of the same page (RetroInfer's value sums).
+  std::function<const float*(uint32_t kv_head, uint32_t page)> page_values = nullptr;
+  const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
 };
 
 struct SelectQuery {
@@ -55,6 +60,7 @@ struct SelectQuery {
   uint32_t first_candidate = 0;
   uint32_t end_candidate = 0;
   uint32_t budget_pages = 0;  // most pages Select may return per KV head
+  const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
 };
 
 // Read access to resident pages (CPU backend: plain pointers into the device tier).
@@ -74,6 +80,7 @@ struct AttendInput {
   const kv::LayerSelection* pages = nullptr;  // attended logical pages per KV head, ascending
   std::span<const kv::PageId> device_pages;   // device page of each entry of pages->pages
   const PageReader* memory = nullptr;
+  const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
 };
 
 // Every candidate page for every KV head (the dense baselines' Select).
@@ -95,6 +102,10 @@ class SparseAlgorithm {
   // Appends one head per KV head to `out`: distinct candidate pages, at most budget_pages.
   // Default: the budget_pages highest-scoring pages (ties: the lower page).
   virtual void select(const SelectQuery& query, kv::LayerSelection& out, StepBudget& budget);
+  // Pages of the latest select's list for `kv_head` that the algorithm keeps outside the budget
+  // (ShadowKV's outlier chunks, RetroInfer's not yet clustered decode pages): the pipeline
+  // reports them as outlier_tokens instead of selected_tokens.
+  virtual uint32_t unbudgeted_pages(uint32_t /*kv_head*/) const { return 0; }
   // Decode attention of one layer; default: attend_pages.
   virtual void attend(const AttendInput& in, float* out);
   // Bytes of summaries the algorithm keeps (metadata accounting).

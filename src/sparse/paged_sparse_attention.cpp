@@ -60,16 +60,39 @@ PagedSparseAttention::PagedSparseAttention(kv::KvManager& kv, const kv::HostPage
   algorithm_ = registry.create(settings.algorithm, AlgorithmContext{shape, layout, &settings});
   settings_ = resolve_settings(settings, algorithm_->traits(), shape, kv.config());
   reader_ = std::make_unique<DevicePages>(memory);
+  if (settings_.traits.pre_rope_keys) {
+    pre_rope_.resize(static_cast<size_t>(shape.n_layers * shape.n_kv_heads));
+    pre_rope_first_page_.assign(static_cast<size_t>(shape.n_layers), 0);
+  }
   request_ = kv_.create_request();
 }
 
 PagedSparseAttention::~PagedSparseAttention() { kv_.release(request_); }
 
-void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n, const float* q,
-                                   const float* k, const float* v, float* out) {
-  SPIN_CHECK(layer >= 0 && layer < shape_.n_layers && n > 0 && pos0 >= 0,
+void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n,
+                                   const AttentionTokens& tokens, float* out) {
+  store_tokens(static_cast<uint32_t>(layer), pos0, n, tokens);
+  if (prefill_done_) {
+    decode_attention(static_cast<uint32_t>(layer), static_cast<uint32_t>(pos0), tokens.q, out);
+  } else {
+    prefill_attention(static_cast<uint32_t>(layer), static_cast<uint32_t>(pos0),
+                      static_cast<uint32_t>(n), tokens.q, out);
+  }
+  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
+}
+
+void PagedSparseAttention::store_prefill(int64_t layer, int64_t pos0, int64_t n,
+                                         const AttentionTokens& tokens) {
+  SPIN_CHECK(!prefill_done_, "paged attention: store_prefill after the prefill ended");
+  store_tokens(static_cast<uint32_t>(layer), pos0, n, tokens);
+  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
+}
+
+void PagedSparseAttention::store_tokens(uint32_t layer, int64_t pos0, int64_t n,
+                                        const AttentionTokens& tokens) {
+  SPIN_CHECK(layer < shape_.n_layers && n > 0 && pos0 >= 0,
              "paged attention: bad call (layer {}, position {}, {} tokens)", layer, pos0, n);
-  const auto l = static_cast<uint32_t>(layer);
+  const uint32_t l = layer;
   if (layer == 0) {
     SPIN_CHECK(pos0 == length_, "paged attention: write at position {} but {} tokens are stored",
                pos0, length_);
@@ -82,22 +105,25 @@ void PagedSparseAttention::forward(int64_t layer, int64_t pos0, int64_t n, const
     kv_.reserve_tokens(request_, static_cast<uint32_t>(n));
     if (prefill_done_) {
       ++step_;
-      const auto tokens = static_cast<uint32_t>(pos0 + 1);
-      last_step_ = StepBudget{.context_tokens = tokens,
-                              .budget_tokens = settings_.budget_pages(tokens) * settings_.page_size};
+      const auto tokens_in_context = static_cast<uint32_t>(pos0 + 1);
+      last_step_ = StepBudget{
+          .context_tokens = tokens_in_context,
+          .budget_tokens = settings_.budget_pages(tokens_in_context) * settings_.page_size};
     }
   } else {
     SPIN_CHECK(pos0 + n == kv_.num_tokens(request_),
                "paged attention: layer {} got positions {}..{} but layer 0 stored {} tokens", layer,
                pos0, pos0 + n - 1, kv_.num_tokens(request_));
   }
-  kv_.write_tokens(request_, l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), k, v);
-  if (prefill_done_) {
-    decode_attention(l, static_cast<uint32_t>(pos0), q, out);
-  } else {
-    prefill_attention(l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), q, out);
+  kv_.write_tokens(request_, l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), tokens.k,
+                   tokens.v);
+  if (tokens.rope != nullptr) rope_ = tokens.rope;
+  if (settings_.traits.pre_rope_keys && l >= settings_.first_dense_layers) {
+    SPIN_CHECK(tokens.k_pre_rope != nullptr,
+               "sparse algorithm '{}' needs the keys before RoPE, which the caller did not pass",
+               settings_.algorithm);
+    keep_pre_rope_keys(l, static_cast<uint32_t>(pos0), static_cast<uint32_t>(n), tokens.k_pre_rope);
   }
-  if (layer == shape_.n_layers - 1) length_ = pos0 + n;
 }
 
 void PagedSparseAttention::finish_prefill() {
@@ -110,14 +136,65 @@ void PagedSparseAttention::finish_prefill() {
   prefill_done_ = true;
 }
 
+void PagedSparseAttention::keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uint32_t n,
+                                              const float* k_pre_rope) {
+  const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
+  const auto hd = static_cast<size_t>(shape_.head_dim);
+  const size_t first_token = size_t{pre_rope_first_page_[layer]} * settings_.page_size;
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    std::vector<float>& rows = pre_rope_[size_t{layer} * n_kv + g];
+    SPIN_CHECK(rows.size() == (pos0 - first_token) * hd,
+               "paged attention: pre-RoPE keys of layer {} arrive out of order", layer);
+    for (uint32_t i = 0; i < n; ++i) {
+      const float* row = k_pre_rope + (size_t{i} * n_kv + g) * hd;
+      rows.insert(rows.end(), row, row + hd);
+    }
+  }
+}
+
 void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page) {
   if (layer < settings_.first_dense_layers || end_page <= first_page) return;
-  IndexInput in{layer, first_page, end_page, [&](uint32_t kv_head, uint32_t page) {
-                  const kv::PageId device = kv_.lookup(request_, layer, kv_head, page).device;
-                  SPIN_CHECK(device != kv::kNoPage, "page {} to index is not on the device", page);
-                  return reader_->keys(device);
-                }};
+  const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
+  const size_t page_floats = size_t{settings_.page_size} * shape_.head_dim;
+  IndexInput in{.layer = layer,
+                .first_page = first_page,
+                .end_page = end_page,
+                .page_keys =
+                    [&](uint32_t kv_head, uint32_t page) {
+                      const kv::PageId device = kv_.lookup(request_, layer, kv_head, page).device;
+                      SPIN_CHECK(device != kv::kNoPage, "page {} to index is not on the device",
+                                 page);
+                      return reader_->keys(device);
+                    },
+                .page_keys_pre_rope = nullptr,
+                .page_values =
+                    [&](uint32_t kv_head, uint32_t page) {
+                      const kv::PageId device = kv_.lookup(request_, layer, kv_head, page).device;
+                      SPIN_CHECK(device != kv::kNoPage, "page {} to index is not on the device",
+                                 page);
+                      return reader_->values(device);
+                    },
+                .rope = rope_};
+  if (settings_.traits.pre_rope_keys) {
+    SPIN_CHECK(pre_rope_first_page_[layer] == first_page,
+               "paged attention: pages of layer {} indexed out of order", layer);
+    in.page_keys_pre_rope = [&](uint32_t kv_head, uint32_t page) {
+      const std::vector<float>& rows = pre_rope_[size_t{layer} * n_kv + kv_head];
+      const size_t at = (page - first_page) * page_floats;
+      SPIN_CHECK(page >= first_page && at + page_floats <= rows.size(),
+                 "pre-RoPE keys of page {} are not kept", page);
+      return rows.data() + at;
+    };
+  }
   algorithm_->index(in);
+  if (settings_.traits.pre_rope_keys) {
+    for (uint32_t g = 0; g < n_kv; ++g) {
+      std::vector<float>& rows = pre_rope_[size_t{layer} * n_kv + g];
+      rows.erase(rows.begin(),
+                 rows.begin() + static_cast<std::ptrdiff_t>((end_page - first_page) * page_floats));
+    }
+    pre_rope_first_page_[layer] = end_page;
+  }
 }
 
 void PagedSparseAttention::prefill_attention(uint32_t layer, uint32_t pos0, uint32_t n,
@@ -177,7 +254,8 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
                     .context_tokens = tokens,
                     .first_candidate = sink_end,
                     .end_candidate = window_start,
-                    .budget_pages = last_step_.budget_tokens / ps};
+                    .budget_pages = last_step_.budget_tokens / ps,
+                    .rope = rope_};
   selected_.clear();
   StepBudget& budget = last_step_;
   if (dense_layer) {
@@ -196,12 +274,17 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
                    "sparse algorithm '{}' selected page {} outside the candidates {}..{}",
                    settings_.algorithm, p, sink_end, window_start);
       }
-      const auto selected_tokens = static_cast<uint32_t>(head.size() * ps);
+      const uint32_t unbudgeted = algorithm_->unbudgeted_pages(g);
+      SPIN_CHECK(unbudgeted <= head.size(), "sparse algorithm '{}' reports more unbudgeted pages "
+                 "than it selected", settings_.algorithm);
+      const auto selected_tokens = static_cast<uint32_t>((head.size() - unbudgeted) * ps);
       budget.selected_tokens += selected_tokens;
+      budget.outlier_tokens += uint64_t{unbudgeted} * ps;
       budget.max_selected_per_head = std::max(budget.max_selected_per_head, selected_tokens);
       budget.sink_tokens += sink_tokens;
       budget.window_tokens += window_tokens;
       ++budget.sparse_heads;
+      if (trace_ != nullptr) trace_->add(step_, trace_request_, layer, g, head);
     }
   }
 
@@ -226,7 +309,8 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
                                  .q = q,
                                  .pages = &attended_,
                                  .device_pages = device_pages_,
-                                 .memory = reader_.get()},
+                                 .memory = reader_.get(),
+                                 .rope = rope_},
                      out);
   if (settings_.traits.placement == Placement::Stream) kv_.drop_layer(request_, layer);
 }

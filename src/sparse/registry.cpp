@@ -9,7 +9,10 @@
 #define SPIN_BUILTIN_SPARSE_ALGORITHMS(X) \
   X(dense)                                \
   X(dense_offload)                        \
-  X(quest)
+  X(quest)                                \
+  X(shadowkv)                             \
+  X(retroinfer)                           \
+  X(seer)
 
 namespace spin::sparse {
 

@@ -41,12 +41,15 @@ ResolvedSettings resolve_settings(const SparseSettings& settings, const Algorith
              "sparse settings: the token budget must be > 0 (tokens or a fraction of the context)");
   r.budget_tokens = settings.budget_tokens;
   r.budget_fraction = settings.budget_fraction;
+  const auto pages_up = [&](uint32_t tokens) {
+    return (tokens + layout.page_size - 1) / layout.page_size;
+  };
   r.sink_pages = settings.sink_tokens
                      ? whole_pages("sink tokens", *settings.sink_tokens, layout.page_size)
-                     : store.sink_pages;
+                     : traits.sink_tokens ? pages_up(*traits.sink_tokens) : store.sink_pages;
   r.window_pages = settings.window_tokens
                        ? whole_pages("window tokens", *settings.window_tokens, layout.page_size)
-                       : store.window_pages;
+                       : traits.window_tokens ? pages_up(*traits.window_tokens) : store.window_pages;
   r.first_dense_layers = settings.first_dense_layers.value_or(traits.first_dense_layers);
   SPIN_CHECK(r.first_dense_layers <= shape.n_layers,
              "sparse settings: {} first dense layers but the model has {} layers",

@@ -24,6 +24,15 @@ struct SparseSettings {
   std::optional<uint32_t> window_tokens = std::nullopt;
   // Leading layers that attend densely. Default: the algorithm's (Quest: 2).
   std::optional<uint32_t> first_dense_layers = std::nullopt;
+  // Algorithm-specific options (0 / empty: the algorithm's published default, see docs/sparse.md).
+  uint32_t shadowkv_rank = 0;          // rank of the pre-RoPE key factorisation
+  uint32_t shadowkv_outliers = 48;     // outlier chunks kept resident per KV head
+  uint32_t seer_block_tokens = 64;     // Seer block (a multiple of the page size)
+  std::string seer_gate_path = {};     // safetensors with trained gate weights
+  uint32_t retroinfer_segment_tokens = 8192;  // k-means segment
+  uint32_t retroinfer_cluster_tokens = 16;    // average tokens per cluster
+  uint32_t retroinfer_recluster_tokens = 1024;  // decode tokens clustered together
+  double retroinfer_estimate_fraction = 0.232;  // clusters estimated after the exact ones
 };
 
 // Where a request's KV lives once its prefill is done.
@@ -38,6 +47,13 @@ struct AlgorithmTraits {
   Placement placement = Placement::Offload;
   uint32_t first_dense_layers = 0;
   uint32_t min_selected_pages = 0;  // selection never goes below this many pages (Quest: 3)
+  // Index also gets the keys before RoPE (ShadowKV, Seer); the pipeline then keeps the pre-RoPE
+  // keys of the pages not yet indexed.
+  bool pre_rope_keys = false;
+  // The algorithm's default sinks / recent window in tokens (rounded up to whole pages), used when
+  // the settings give none; unset: the store's always-resident pages.
+  std::optional<uint32_t> sink_tokens = std::nullopt;
+  std::optional<uint32_t> window_tokens = std::nullopt;
 };
 
 struct ResolvedSettings {

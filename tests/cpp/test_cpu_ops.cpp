@@ -139,10 +139,10 @@ TEST_F(CpuOps, ContiguousAttentionMatchesNaiveCausalGqa) {
   for (int64_t p = 0; p < T; p += 4) {
     const int64_t n = std::min<int64_t>(4, T - p);
     for (int64_t layer = 0; layer < shape.n_layers; ++layer)
-      chunked.forward(layer, p, n, &q[p * qw], &k[p * kw], &v[p * kw], &out[p * qw]);
+      chunked.forward(layer, p, n, {.q = &q[p * qw], .k = &k[p * kw], .v = &v[p * kw]}, &out[p * qw]);
   }
   for (int64_t layer = 0; layer < shape.n_layers; ++layer)
-    one_shot.forward(layer, 0, T, q.data(), k.data(), v.data(), out1.data());
+    one_shot.forward(layer, 0, T, {.q = q.data(), .k = k.data(), .v = v.data()}, out1.data());
   EXPECT_EQ(chunked.length(), T);
   std::vector<double> ref(T * qw, 0.0);
   const int64_t group = shape.n_heads / shape.n_kv_heads, d = shape.head_dim;
@@ -164,6 +164,25 @@ TEST_F(CpuOps, ContiguousAttentionMatchesNaiveCausalGqa) {
   }
   EXPECT_LE(rel_error(out, ref), 1e-5);
   EXPECT_LE(rel_error(out1, ref), 1e-5);
+}
+
+// The cache grows as tokens arrive (256, 512, 1024 rows): chunks that cross each growth step
+// must see exactly what one-shot attention sees.
+TEST_F(CpuOps, ContiguousAttentionGrowsWithoutChangingResults) {
+  const AttentionShape shape{2, 4, 2, 8, 1.0f / std::sqrt(8.0f)};
+  const int64_t T = 700, qw = 4 * 8, kw = 2 * 8;
+  auto q = random_vector(rng, T * qw), k = random_vector(rng, T * kw), v = random_vector(rng, T * kw);
+  ContiguousAttention grown(shape, 4096), one_shot(shape, T);
+  std::vector<float> out(T * qw, NAN), ref(T * qw, NAN);
+  for (int64_t p = 0; p < T; p += 90) {
+    const int64_t n = std::min<int64_t>(90, T - p);
+    for (int64_t layer = 0; layer < 2; ++layer)
+      grown.forward(layer, p, n, {&q[p * qw], &k[p * kw], &v[p * kw]}, &out[p * qw]);
+  }
+  for (int64_t layer = 0; layer < 2; ++layer)
+    one_shot.forward(layer, 0, T, {q.data(), k.data(), v.data()}, ref.data());
+  std::vector<double> ref64(ref.begin(), ref.end());
+  EXPECT_LE(rel_error(out, ref64), 1e-6);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "engine/paged_attention_factory.h"
 #include "model/loader.h"
 #include "model/transformer.h"
+#include "sparse/algorithm.h"
 
 namespace spin {
 namespace {
@@ -94,14 +95,15 @@ EngineConfig engine_config(int64_t max_num_seqs) {
   return c;
 }
 
-void run_to_end(Engine& engine) {
+// bound_holds: the algorithm stays within the admission bound, so the scheduler's reservation
+// bounds what the store really holds at every step.
+void run_to_end(Engine& engine, bool bound_holds = true) {
   for (int steps = 0; engine.has_work(); ++steps) {
     ASSERT_LT(steps, 20000) << "no progress";
     engine.step();
     const EngineMetrics m = engine.metrics();
     ASSERT_TRUE(m.kv_store.has_value());
-    // The scheduler's reservation bounds what the store really holds.
-    EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
+    if (bound_holds) EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
     EXPECT_LE(m.kv_store->host_pages_used, m.kv_host_pages_reserved);
     EXPECT_LE(m.kv_device_pages_reserved, m.kv_store->device_pages_capacity);
   }
@@ -191,6 +193,53 @@ TEST(EngineSparse, SmallBudgetUnderPressurePreemptsAndReturnsEveryPage) {
   EXPECT_GT(m.kv_store->evictions, 0u);
   EXPECT_GT(m.preemptions_total, 0u);
   EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
+  expect_idle(engine, idle);
+}
+
+// Selects every candidate page and reports all of them as unbudgeted (as outliers are): exact
+// attention, but a decode working set of the whole context, far above the budget bound.
+class AllPagesUnbudgeted final : public sparse::SparseAlgorithm {
+ public:
+  sparse::AlgorithmTraits traits() const override { return {.placement = sparse::Placement::Offload}; }
+  void select(const sparse::SelectQuery& query, kv::LayerSelection& out, sparse::StepBudget&) override {
+    sparse::select_all(query, out);
+    selected_ = query.end_candidate - query.first_candidate;
+  }
+  uint32_t unbudgeted_pages(uint32_t) const override { return selected_; }
+
+ private:
+  uint32_t selected_ = 0;
+};
+
+const sparse::AlgorithmRegistrar kAllPagesRegistration(
+    "test-all-pages-unbudgeted", [](const sparse::AlgorithmContext&) { return std::make_unique<AllPagesUnbudgeted>(); });
+
+TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
+  std::mt19937 rng(21);
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  const int64_t device_pages = streams * 2 * (kMaxModelLen / 16);
+  Engine engine(tiny().model, nullptr, engine_config(8),
+                make_paged_attention_factory(shape, store(device_pages, 20 * device_pages, 8, 0.0)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  AttentionSettings attention;
+  attention.algorithm = "test-all-pages-unbudgeted";
+  attention.budget = 16;
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_prompt(rng, 60 + 7 * i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(20, attention), c.callback()));
+  }
+  run_to_end(engine, false);
+  EXPECT_TRUE(engine.alive());
+  EXPECT_GT(engine.metrics().preemptions_total, 0u);
+  // Attention over every page is exact: recomputed or not, each output is the dense one.
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], generate_dense(prompts[i], 20)) << "request " << i;
+  }
   expect_idle(engine, idle);
 }
 

@@ -92,8 +92,8 @@ struct RandomFeed {
       for (float& x : v) x = normal(rng);
       out_a.assign(n * qw, 0.0f);
       out_b.assign(n * qw, 0.0f);
-      a.forward(l, pos0, n, q.data(), k.data(), v.data(), out_a.data());
-      b.forward(l, pos0, n, q.data(), k.data(), v.data(), out_b.data());
+      a.forward(l, pos0, n, {.q = q.data(), .k = k.data(), .v = v.data()}, out_a.data());
+      b.forward(l, pos0, n, {.q = q.data(), .k = k.data(), .v = v.data()}, out_b.data());
       for (float x : out_a) EXPECT_TRUE(std::isfinite(x));
       worst = std::max(worst, rel_error(out_a.data(), out_b.data(), out_a.size()));
     }
@@ -334,12 +334,13 @@ TEST(SparsePipeline, RejectsMisorderedCalls) {
   Store store(kShape, 64);
   auto a = store.attention(kShape, {.algorithm = "quest"});
   std::vector<float> q(8 * 16 * 4), k(2 * 16 * 4), v(2 * 16 * 4), out(8 * 16 * 4);
-  EXPECT_THROW(a->forward(0, 3, 1, q.data(), k.data(), v.data(), out.data()), spin::Error);
-  EXPECT_THROW(a->forward(1, 0, 1, q.data(), k.data(), v.data(), out.data()), spin::Error);
-  for (int64_t l = 0; l < 3; ++l) a->forward(l, 0, 4, q.data(), k.data(), v.data(), out.data());
+  const spin::AttentionTokens tokens{.q = q.data(), .k = k.data(), .v = v.data()};
+  EXPECT_THROW(a->forward(0, 3, 1, tokens, out.data()), spin::Error);
+  EXPECT_THROW(a->forward(1, 0, 1, tokens, out.data()), spin::Error);
+  for (int64_t l = 0; l < 3; ++l) a->forward(l, 0, 4, tokens, out.data());
   a->finish_prefill();
-  EXPECT_THROW(a->forward(0, 4, 2, q.data(), k.data(), v.data(), out.data()), spin::Error);
-  EXPECT_THROW(a->forward(0, 4, 61, q.data(), k.data(), v.data(), out.data()), spin::Error);
+  EXPECT_THROW(a->forward(0, 4, 2, tokens, out.data()), spin::Error);
+  EXPECT_THROW(a->forward(0, 4, 61, tokens, out.data()), spin::Error);
 }
 
 }  // namespace
