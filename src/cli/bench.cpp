@@ -310,6 +310,7 @@ json run_at_rate(const BenchArgs& a, const Target& target, const std::string& mo
       slot_free.notify_all();
     });
   }
+  const double arrival_span = std::chrono::duration<double>(clock::now() - start).count();
   for (std::thread& t : threads) t.join();
   const double duration = std::chrono::duration<double>(clock::now() - start).count();
 
@@ -343,6 +344,8 @@ json run_at_rate(const BenchArgs& a, const Target& target, const std::string& mo
            {"failed", static_cast<int64_t>(workload.size()) - completed},
            {"errors", errors},
            {"duration_s", duration},
+           // Realised arrivals: the last request was sent this long after the first.
+           {"arrival_span_s", arrival_span},
            {"total_input_tokens", input_tokens},
            {"total_output_tokens", output_tokens},
            {"request_throughput", completed / duration},
