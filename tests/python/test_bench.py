@@ -48,6 +48,7 @@ def test_bench_counts_latencies_and_server_counters(spin_bin, test_model, test_t
             # A request's first token comes before its last.
             assert r["ttft_ms"]["mean"] < r["e2el_ms"]["mean"]
             assert r["e2el_ms"]["p99"] <= r["duration_s"] * 1e3 * 1.001
+            assert 0 <= r["arrival_span_s"] <= r["duration_s"]
             assert abs(r["request_throughput"] - NUM_PROMPTS / r["duration_s"]) < 1e-6 * r["request_throughput"]
             assert abs(r["output_throughput"] - r["total_output_tokens"] / r["duration_s"]) < 1e-6 * r["output_throughput"]
             # SLOs of 10 minutes: every request is good.
