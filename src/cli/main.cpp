@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   spin::cli::add_tokenize_command(app);
   spin::cli::add_inspect_command(app);
   spin::cli::add_serve_command(app);
+  spin::cli::add_bench_command(app);
   spin::cli::add_eval_command(app);
   try {
     app.parse(argc, argv);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <memory>
@@ -11,7 +12,9 @@
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "base/memory.h"
 #include "engine/engine.h"
+#include "engine/paged_attention_factory.h"
 #include "kernels/cpu/ops.h"
 #include "model/loader.h"
 #include "server/http_server.h"
@@ -26,7 +29,50 @@ struct ServeArgs {
   EngineConfig engine;
   std::string served_model_name;
   int threads = 0;
+  std::string sparse_algorithm = "dense";
+  double sparse_budget = 0.0;  // >= 1: tokens per KV head; in (0, 1): a fraction of the context
+  PagedStoreConfig kv;
 };
+
+// The server's default attention settings from --sparse-algorithm / --sparse-budget.
+AttentionSettings default_attention(const ServeArgs& a) {
+  AttentionSettings s;
+  s.algorithm = a.sparse_algorithm;
+  SPIN_CHECK(std::isfinite(a.sparse_budget) && a.sparse_budget >= 0.0,
+             "--sparse-budget must be >= 0, got {}", a.sparse_budget);
+  if (a.sparse_budget >= 1.0) {
+    SPIN_CHECK(a.sparse_budget == std::floor(a.sparse_budget) && a.sparse_budget <= 4294967295.0,
+               "--sparse-budget in tokens must be a whole number up to 2^32-1, got {}", a.sparse_budget);
+    s.budget = static_cast<int64_t>(a.sparse_budget);
+  } else if (a.sparse_budget > 0.0) {
+    s.budget_fraction = a.sparse_budget;
+  }
+  return s;
+}
+
+// Pool sizes left at 0 get defaults from memory: a sparse server sizes the device tier for every
+// running request's full context (prefill is dense on the device) and the host tier for all of
+// them; a dense server keeps a small store for requests that ask for sparse attention.
+PagedStoreConfig paged_store(PagedStoreConfig kv, const AttentionShape& shape, const EngineConfig& engine,
+                             bool sparse_default) {
+  kv.max_batch = engine.max_num_seqs;
+  kv.max_context = engine.max_model_len;
+  const auto per_token = static_cast<double>(kv_bytes_per_token(shape));
+  const auto memory = static_cast<double>(usable_memory_bytes());
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  auto pages_for = [&](double tokens, double memory_share) {
+    const double capped = std::max(1.0, std::min(tokens, memory * memory_share / per_token));
+    return streams * static_cast<int64_t>(std::ceil(capped / kv.page_size));
+  };
+  const double context = static_cast<double>(engine.max_model_len);
+  if (kv.device_pages == 0) {
+    kv.device_pages = sparse_default ? pages_for(engine.max_num_seqs * context, 0.15) : pages_for(2 * context, 0.03);
+  }
+  if (kv.host_pages == 0) {
+    kv.host_pages = sparse_default ? pages_for(engine.max_num_seqs * context, 0.25) : pages_for(4 * context, 0.06);
+  }
+  return kv;
+}
 
 void run_serve(ServeArgs a) {
   // Signals are taken by sigwait below; every thread started from here on inherits the mask.
@@ -60,13 +106,24 @@ void run_serve(ServeArgs a) {
   spdlog::info("loading {} (listening on {}:{}; /health is 503 until ready)", a.load.model, a.server.host, port);
   LoadedModel model = load_model(a.load);
   Transformer transformer(model.weights);
-  Engine engine(transformer, model.tokenizer.get(), a.engine);
+  const AttentionSettings attention = default_attention(a);
+  // The context length the engine resolves (0 = the model's) sizes the paged store.
+  EngineConfig resolved = a.engine;
+  if (resolved.max_model_len == 0) resolved.max_model_len = model.weights.config.max_position;
+  const PagedStoreConfig kv =
+      paged_store(a.kv, transformer.attention_shape(), resolved, attention.algorithm != "dense");
+  Engine engine(transformer, model.tokenizer.get(), a.engine,
+                make_paged_attention_factory(transformer.attention_shape(), kv));
+  SPIN_CHECK(!attention.algorithm.empty(), "--sparse-algorithm is empty");
+  engine.validate_attention(attention);
   engine.start();
   const std::string name = a.served_model_name.empty() ? model.name : a.served_model_name;
-  http.attach(&engine, model.tokenizer.get(), name);
+  http.attach(&engine, model.tokenizer.get(), name, attention);
   const EngineConfig& c = engine.config();
   spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}, KV budget {} tokens",
                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.kv_token_budget);
+  spdlog::info("attention: default '{}'; paged KV store: {} device pages, {} host pages of {} tokens, buffer {}x",
+               attention.algorithm, kv.device_pages, kv.host_pages, kv.page_size, kv.buffer_factor);
   std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), a.server.host.c_str(), port);
   std::fflush(stdout);
 
@@ -101,6 +158,19 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-waiting", args->engine.max_waiting, "queued requests beyond the running ones; more get 503")
       ->capture_default_str();
   cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--sparse-algorithm", args->sparse_algorithm,
+                  "attention of requests without a \"spin\" object (dense, dense-offload, quest, ...)")
+      ->capture_default_str();
+  cmd->add_option("--sparse-budget", args->sparse_budget,
+                  "default selection budget: tokens per KV head (>= 1) or a fraction of the context (< 1); "
+                  "0 = the algorithm's default");
+  cmd->add_option("--block-size", args->kv.page_size, "paged KV store: tokens per page (8..64)")->capture_default_str();
+  cmd->add_option("--kv-device-pages", args->kv.device_pages,
+                  "paged KV store: device-tier pages, each page_size tokens of one layer x KV head (default: from memory)");
+  cmd->add_option("--kv-host-pages", args->kv.host_pages, "paged KV store: host-tier pages (default: from memory)");
+  cmd->add_option("--kv-buffer-factor", args->kv.buffer_factor,
+                  "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
+      ->capture_default_str();
   cmd->callback([args] { run_serve(*args); });
 }
 

@@ -1,9 +1,49 @@
 #include "engine/attention_factory.h"
 
+#include <algorithm>
+
+#include <fmt/ranges.h>
+
 #include "base/error.h"
 #include "model/contiguous_attention.h"
 
 namespace spin {
+
+KvDemand& KvDemand::operator+=(const KvDemand& o) {
+  blocks += o.blocks;
+  device_pages += o.device_pages;
+  host_pages += o.host_pages;
+  return *this;
+}
+
+KvDemand& KvDemand::operator-=(const KvDemand& o) {
+  blocks -= o.blocks;
+  device_pages -= o.device_pages;
+  host_pages -= o.host_pages;
+  return *this;
+}
+
+bool KvDemand::fits_within(const KvDemand& c) const {
+  return blocks <= c.blocks && device_pages <= c.device_pages && host_pages <= c.host_pages;
+}
+
+KvDemand max_of(const KvDemand& a, const KvDemand& b) {
+  return {std::max(a.blocks, b.blocks), std::max(a.device_pages, b.device_pages),
+          std::max(a.host_pages, b.host_pages)};
+}
+
+void AttentionFactory::validate(const AttentionSettings& settings) const {
+  const std::vector<std::string> known = algorithms();
+  if (std::find(known.begin(), known.end(), settings.algorithm) == known.end()) {
+    fail("unknown attention algorithm '{}' (known: {})", settings.algorithm, fmt::join(known, ", "));
+  }
+  SPIN_CHECK(settings.budget >= 0, "the attention budget must be >= 0, got {}", settings.budget);
+}
+
+KvDemand AttentionFactory::demand(const AttentionSettings&, int64_t tokens, int64_t, bool,
+                                  int64_t block_tokens) const {
+  return KvDemand{.blocks = (tokens + block_tokens - 1) / block_tokens};
+}
 
 namespace {
 

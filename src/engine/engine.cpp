@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/memory.h"
 #include "kernels/cpu/ops.h"
+#include "kv/page_pool.h"
 
 namespace spin {
 
@@ -23,7 +24,8 @@ struct Engine::Request {
   std::optional<StreamDecoder> decoder;
   std::unique_ptr<SequenceAttention> kv;
   int64_t computed = 0;   // tokens whose KV is stored
-  int64_t kv_blocks = 0;  // blocks reserved in the KV budget
+  KvDemand kv_reserved;  // KV reserved in the engine's accounting
+  KvDemand kv_settled;   // what it holds once this step's forward is done
   int64_t n_sampled = 0;
   clock::time_point arrival;
   clock::time_point last_token;
@@ -85,7 +87,10 @@ Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfi
   } else if (mc.eos_token_id >= 0) {
     stop_ids_ = {mc.eos_token_id};
   }
+  kv_capacity_ = factory_->capacity();
+  kv_capacity_.blocks = kv_blocks_total_;
   metrics_.kv_tokens_capacity = kv_blocks_total_ * block;
+  metrics_.kv_store = factory_->usage();
   sampleable_vocab_ = sampleable_vocab(mc.vocab_size, tokenizer_);
 }
 
@@ -110,13 +115,17 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& p
              "the prompt has {} tokens and max_tokens is {}: {} in all, past the context length {}",
              n_prompt, params.max_tokens, n_prompt + params.max_tokens, context);
   params.sampling.validate();
-  std::vector<std::string> algorithms = factory_->algorithms();
-  if (std::find(algorithms.begin(), algorithms.end(), params.attention.algorithm) == algorithms.end()) {
-    fail("unknown attention algorithm '{}' (known: {})", params.attention.algorithm,
-         fmt::join(algorithms, ", "));
+  factory_->validate(params.attention);
+  // The request must fit the stores alone at its largest (prefill after a preemption, and decode).
+  const int64_t max_len = n_prompt + params.max_tokens;
+  for (bool decoding : {false, true}) {
+    const KvDemand need = factory_->demand(params.attention, max_len, max_len, decoding, config_.kv_block_tokens);
+    SPIN_CHECK(need.fits_within(kv_capacity_),
+               "the request needs up to {} KV blocks, {} device pages and {} host pages for {} tokens "
+               "but the KV store holds {} blocks, {} device pages and {} host pages",
+               need.blocks, need.device_pages, need.host_pages, max_len, kv_capacity_.blocks,
+               kv_capacity_.device_pages, kv_capacity_.host_pages);
   }
-  SPIN_CHECK(params.attention.budget >= 0, "the attention budget must be >= 0, got {}",
-             params.attention.budget);
 
   auto r = std::make_unique<Request>(params, std::move(on_output));
   r->n_prompt = n_prompt;
@@ -185,20 +194,32 @@ void Engine::take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>
   }
 }
 
-bool Engine::reserve_kv(Request& r, int64_t tokens) {
-  const int64_t block = config_.kv_block_tokens;
-  const int64_t blocks = (tokens + block - 1) / block;
-  const int64_t extra = blocks - r.kv_blocks;
-  if (extra <= 0) return true;
-  if (kv_blocks_used_ + extra > kv_blocks_total_) return false;
-  kv_blocks_used_ += extra;
-  r.kv_blocks = blocks;
+// Reserves what the request holds after storing `tokens` tokens. A request's KV may shrink within
+// the step (a paged prefill ends and offloads), but other requests of the same step may allocate
+// before that: the larger of before and after stays reserved until settle_kv after the forward.
+bool Engine::reserve_kv(Request& r, int64_t tokens, bool decoding) {
+  const KvDemand after = factory_->demand(r.params.attention, tokens, r.max_len, decoding, config_.kv_block_tokens);
+  const KvDemand during = max_of(r.kv_reserved, after);
+  KvDemand used = kv_used_;
+  used -= r.kv_reserved;
+  used += during;
+  if (!used.fits_within(kv_capacity_)) return false;
+  kv_used_ = used;
+  r.kv_reserved = during;
+  r.kv_settled = after;
   return true;
 }
 
+void Engine::settle_kv(Request& r) {
+  kv_used_ -= r.kv_reserved;
+  kv_used_ += r.kv_settled;
+  r.kv_reserved = r.kv_settled;
+}
+
 void Engine::free_kv(Request& r) {
-  kv_blocks_used_ -= r.kv_blocks;
-  r.kv_blocks = 0;
+  kv_used_ -= r.kv_reserved;
+  r.kv_reserved = {};
+  r.kv_settled = {};
   r.kv.reset();
   r.computed = 0;
 }
@@ -295,9 +316,13 @@ StepReport Engine::step() {
   for (Request* r : order) {
     if (budget == 0) break;
     if (std::find(running_.begin(), running_.end(), r) == running_.end()) continue;  // preempted
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
+    const int64_t remaining = static_cast<int64_t>(r->tokens.size()) - r->computed;
+    const int64_t n = std::min<int64_t>(remaining, budget);
+    // A lone token would end a paged prefill early: wait for a step with room for more.
+    if (n == 1 && remaining > 1 && r->computed > 0 && factory_->single_token_is_decode(r->params.attention)) continue;
+    const bool decoding = n == 1 && r->computed > 0;
     bool preempted_self = false;
-    while (!reserve_kv(*r, r->computed + n)) {
+    while (!reserve_kv(*r, r->computed + n, decoding)) {
       Request* victim = running_.back();
       // Never take back what this step already scheduled.
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
@@ -326,7 +351,7 @@ StepReport Engine::step() {
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()), budget);
-    if (!reserve_kv(*r, n)) break;
+    if (!reserve_kv(*r, n, false)) break;
     r->kv = factory_->create(r->params.attention, r->max_len);
     waiting_.pop_front();
     running_.insert(std::lower_bound(running_.begin(), running_.end(), r,
@@ -346,10 +371,35 @@ StepReport Engine::step() {
       report.chunks.push_back(ScheduledChunk{r->id, r->computed, n, samples});
       report.n_tokens += n;
     }
-    model_.forward(chunks, false, logits_);
+    try {
+      model_.forward(chunks, false, logits_);
+    } catch (const kv::PoolExhausted& e) {
+      // The paged store ran out inside the forward: an algorithm kept more pages than the
+      // admission bound allows for (its unbudgeted pages). Every request of this step now holds
+      // partial KV, so all of them recompute later (admitted by their whole context from now on);
+      // one that ran alone cannot run at all.
+      spdlog::warn("KV store exhausted during a step of {} requests: {}", scheduled.size(), e.what());
+      report.chunks.clear();
+      report.n_tokens = 0;
+      for (auto& [r, n] : scheduled) {
+        factory_->store_exhausted(r->params.attention);
+        if (scheduled.size() > 1) {
+          preempt(*r);
+          ++report.preempted;
+          continue;
+        }
+        RequestOutput out;
+        finish(*r, "error", out);
+        out.error = fmt::format("the KV store cannot hold this request: {}", e.what());
+        outputs.emplace_back(std::move(r->on_output), std::move(out));
+        requests_.erase(r->id);
+      }
+      scheduled.clear();
+    }
     const int64_t vocab = model_.config().vocab_size;
     for (size_t i = 0; i < scheduled.size(); ++i) {
       Request& r = *scheduled[i].first;
+      settle_kv(r);
       r.computed += scheduled[i].second;
       if (!report.chunks[i].samples) continue;
       RequestOutput out;
@@ -374,7 +424,10 @@ void Engine::update_gauges() {
   std::lock_guard lock(metrics_mutex_);
   metrics_.requests_running = static_cast<int64_t>(running_.size());
   metrics_.requests_waiting = static_cast<int64_t>(waiting_.size());
-  metrics_.kv_tokens_used = kv_blocks_used_ * config_.kv_block_tokens;
+  metrics_.kv_tokens_used = kv_used_.blocks * config_.kv_block_tokens;
+  metrics_.kv_device_pages_reserved = kv_used_.device_pages;
+  metrics_.kv_host_pages_reserved = kv_used_.host_pages;
+  metrics_.kv_store = factory_->usage();
   ++metrics_.steps_total;
 }
 

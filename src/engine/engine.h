@@ -2,8 +2,11 @@
 // The serving engine: continuous batching at iteration level. Each step schedules running
 // requests' decode tokens first, then prefill chunks (partially prefilled requests, then waiting
 // ones, first come first served) within a token budget, and runs them as ONE batched forward.
-// KV is admitted by a token budget counted in blocks; when a running request cannot grow, the
-// most recently arrived running request is preempted (its KV freed, recomputed later).
+// KV is admitted by what the attention factory says each request holds: blocks of a token budget
+// (contiguous dense attention) or device- and host-tier pages (paged sparse attention: the
+// prefill's pages, then the decode working set on the device and the full KV on the host). When a
+// running request cannot grow, the most recently arrived running request is preempted (its KV
+// freed, recomputed later).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -137,6 +140,8 @@ class Engine {
   // The configuration with defaults resolved.
   const EngineConfig& config() const { return config_; }
   std::vector<std::string> algorithms() const { return factory_->algorithms(); }
+  // Throws spin::Error when requests with these attention settings would be refused.
+  void validate_attention(const AttentionSettings& settings) const { factory_->validate(settings); }
 
   // Validates and queues a request; on_output runs on the engine thread for every update.
   // Throws spin::Error naming the problem (with the numbers) for a bad request, and
@@ -165,7 +170,8 @@ class Engine {
   using clock = std::chrono::steady_clock;
 
   void take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs);
-  bool reserve_kv(Request& r, int64_t tokens);
+  bool reserve_kv(Request& r, int64_t tokens, bool decoding);
+  void settle_kv(Request& r);
   void free_kv(Request& r);
   void preempt(Request& r);
   void finish(Request& r, const std::string& reason, RequestOutput& out);
@@ -181,7 +187,10 @@ class Engine {
   std::vector<int32_t> stop_ids_;
   int64_t sampleable_vocab_ = 0;  // leading logits that may be sampled (see sampleable_vocab)
   int64_t kv_blocks_total_ = 0;
-  int64_t kv_blocks_used_ = 0;
+  // KV held by all requests and what the stores can hold (blocks: the contiguous store's
+  // budget; pages: the paged store's pools, from the factory).
+  KvDemand kv_used_;
+  KvDemand kv_capacity_;
 
   // Owned by the stepping thread.
   std::map<uint64_t, std::unique_ptr<Request>> requests_;

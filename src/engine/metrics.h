@@ -1,7 +1,10 @@
 #pragma once
 // Serving metrics the engine keeps and the server renders for /metrics (Prometheus text).
 #include <cstdint>
+#include <optional>
 #include <vector>
+
+#include "engine/attention_factory.h"
 
 namespace spin {
 
@@ -32,6 +35,9 @@ struct EngineMetrics {
   int64_t requests_waiting = 0;
   int64_t kv_tokens_used = 0;      // KV tokens held by requests (whole blocks)
   int64_t kv_tokens_capacity = 0;  // the KV-token budget
+  int64_t kv_device_pages_reserved = 0;  // paged store: device pages the scheduler reserved
+  int64_t kv_host_pages_reserved = 0;    // paged store: host pages the scheduler reserved
+  std::optional<KvStoreUsage> kv_store;  // the paged store's pools and counters, if any
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;
   uint64_t preemptions_total = 0;

@@ -101,8 +101,10 @@ void HttpServer::stop() {
   if (http_) http_->stop();
 }
 
-void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name) {
+void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name,
+                        const AttentionSettings& default_attention) {
   State& st = *state_;
+  st.ctx.default_attention = default_attention;
   st.ctx.tokenizer = tokenizer;
   st.ctx.model_name = std::move(model_name);
   st.ctx.max_model_len = engine->config().max_model_len;
@@ -397,6 +399,40 @@ std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
   counter(out, "spin_requests_aborted_total", "Requests aborted (client gone or shutdown)",
           static_cast<double>(m.requests_aborted));
   counter(out, "spin_engine_steps_total", "Scheduler iterations", static_cast<double>(m.steps_total));
+  gauge(out, "spin_kv_device_pages_reserved", "Paged KV store: device pages the scheduler reserved",
+        static_cast<double>(m.kv_device_pages_reserved));
+  gauge(out, "spin_kv_host_pages_reserved", "Paged KV store: host pages the scheduler reserved",
+        static_cast<double>(m.kv_host_pages_reserved));
+  if (const auto& kv = m.kv_store) {
+    gauge(out, "spin_kv_device_pages_used", "Paged KV store: device-tier pages in use",
+          static_cast<double>(kv->device_pages_used));
+    gauge(out, "spin_kv_device_pages_capacity", "Paged KV store: device-tier pages",
+          static_cast<double>(kv->device_pages_capacity));
+    gauge(out, "spin_kv_host_pages_used", "Paged KV store: host-tier pages in use",
+          static_cast<double>(kv->host_pages_used));
+    gauge(out, "spin_kv_host_pages_capacity", "Paged KV store: host-tier pages",
+          static_cast<double>(kv->host_pages_capacity));
+    gauge(out, "spin_kv_page_bytes", "Paged KV store: bytes of one page (K and V of one layer x KV head)",
+          static_cast<double>(kv->page_bytes));
+    gauge(out, "spin_kv_logical_segments_used", "Paged KV store: logical page-table segments in use",
+          static_cast<double>(kv->logical_segments_used));
+    gauge(out, "spin_kv_resident_segments_used", "Paged KV store: resident page-table segments in use",
+          static_cast<double>(kv->resident_segments_used));
+    gauge(out, "spin_kv_requests", "Paged KV store: request slots taken", static_cast<double>(kv->requests));
+    gauge(out, "spin_kv_metadata_device_bytes", "Paged KV store: page-table bytes on the device tier",
+          static_cast<double>(kv->metadata_device_bytes));
+    gauge(out, "spin_kv_metadata_host_bytes", "Paged KV store: page-table bytes on the host tier",
+          static_cast<double>(kv->metadata_host_bytes));
+    counter(out, "spin_kv_cache_hits_total", "Paged KV store: selected pages already on the device",
+            static_cast<double>(kv->hits));
+    counter(out, "spin_kv_cache_misses_total", "Paged KV store: selected pages fetched from the host tier",
+            static_cast<double>(kv->misses));
+    counter(out, "spin_kv_retrieve_bytes_total", "Paged KV store: bytes copied host to device",
+            static_cast<double>(kv->retrieve_bytes));
+    counter(out, "spin_kv_offload_bytes_total", "Paged KV store: bytes copied device to host",
+            static_cast<double>(kv->offload_bytes));
+    counter(out, "spin_kv_evictions_total", "Paged KV store: device pages evicted", static_cast<double>(kv->evictions));
+  }
   histogram(out, "spin_time_to_first_token_seconds", "Time from arrival to the first token", m.time_to_first_token);
   histogram(out, "spin_inter_token_latency_seconds", "Time between consecutive tokens of a request",
             m.inter_token_latency);

@@ -37,7 +37,9 @@ class HttpServer {
   void stop();
 
   // Makes the API live. engine and tokenizer (may be null) must outlive the server.
-  void attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name);
+  // default_attention: what requests get without a "spin" extension object.
+  void attach(Engine* engine, const Tokenizer* tokenizer, std::string model_name,
+              const AttentionSettings& default_attention = {});
 
   struct State;  // what the request handlers share (http_server.cpp)
 

@@ -202,6 +202,57 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   }
 }
 
+// The "spin" extension object: per-request sparse attention and ignore_eos.
+void parse_extension(const json& ext, const ApiContext& ctx, RequestParams& p) {
+  if (!ext.is_object()) bad_request("spin", fmt::format("'spin' must be an object, got {}", type_name(ext)));
+  static const std::vector<std::string> known = {"algorithm",     "budget",             "sink_tokens",
+                                                 "window_tokens", "first_dense_layers", "ignore_eos"};
+  for (const auto& [key, value] : ext.items()) {
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      bad_request("spin." + key, fmt::format("unknown field 'spin.{}' (known: {})", key, fmt::join(known, ", ")));
+    }
+  }
+  if (auto algorithm = get_string(ext, "algorithm", "spin.")) {
+    if (std::find(ctx.algorithms.begin(), ctx.algorithms.end(), *algorithm) == ctx.algorithms.end()) {
+      bad_request("spin.algorithm", fmt::format("unknown attention algorithm '{}' (known: {})", *algorithm,
+                                                fmt::join(ctx.algorithms, ", ")));
+    }
+    p.attention.algorithm = *algorithm;
+  }
+  // "budget": tokens per KV head (an integer >= 1) or a fraction of the context (a number in (0, 1]).
+  if (const json* budget = field(ext, "budget")) {
+    if (budget->is_number_integer() || budget->is_number_unsigned()) {
+      const int64_t tokens = *get_int(ext, "budget", "spin.");
+      if (tokens < 1 || tokens > std::numeric_limits<uint32_t>::max()) {
+        bad_request("spin.budget", fmt::format("'spin.budget' in tokens must be in 1..{}, got {}",
+                                               std::numeric_limits<uint32_t>::max(), tokens));
+      }
+      p.attention.budget = tokens;
+      p.attention.budget_fraction = 0.0;
+    } else {
+      const double fraction = *get_number(ext, "budget", "spin.");
+      if (!(fraction > 0.0 && fraction <= 1.0)) {
+        bad_request("spin.budget", fmt::format("'spin.budget' as a fraction of the context must be in (0, 1], got {}",
+                                               fraction));
+      }
+      p.attention.budget_fraction = fraction;
+    }
+  }
+  auto tokens_field = [&](const char* name, std::optional<int64_t>& out) {
+    if (auto v = get_int(ext, name, "spin.")) {
+      if (*v < 0 || *v > std::numeric_limits<int32_t>::max()) {
+        bad_request(std::string("spin.") + name, fmt::format("'spin.{}' must be in 0..{}, got {}", name,
+                                                             std::numeric_limits<int32_t>::max(), *v));
+      }
+      out = *v;
+    }
+  };
+  tokens_field("sink_tokens", p.attention.sink_tokens);
+  tokens_field("window_tokens", p.attention.window_tokens);
+  tokens_field("first_dense_layers", p.attention.first_dense_layers);
+  if (auto ignore = get_bool(ext, "ignore_eos", "spin.")) p.ignore_eos = *ignore;
+}
+
 }  // namespace
 
 ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, const ApiContext& ctx) {
@@ -285,25 +336,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     r.include_usage = get_bool(*so, "include_usage", "stream_options.").value_or(false);
   }
 
-  if (const json* ext = field(body, "spin")) {
-    if (!ext->is_object()) bad_request("spin", "'spin' must be an object");
-    for (const auto& [key, value] : ext->items()) {
-      if (key != "algorithm" && key != "budget") {
-        bad_request("spin." + key, fmt::format("unknown field 'spin.{}' (known: algorithm, budget)", key));
-      }
-    }
-    if (auto algorithm = get_string(*ext, "algorithm", "spin.")) {
-      if (std::find(ctx.algorithms.begin(), ctx.algorithms.end(), *algorithm) == ctx.algorithms.end()) {
-        bad_request("spin.algorithm", fmt::format("unknown attention algorithm '{}' (known: {})", *algorithm,
-                                                  fmt::join(ctx.algorithms, ", ")));
-      }
-      p.attention.algorithm = *algorithm;
-    }
-    if (auto budget = get_int(*ext, "budget", "spin.")) {
-      if (*budget < 1) bad_request("spin.budget", fmt::format("'spin.budget' must be positive, got {}", *budget));
-      p.attention.budget = *budget;
-    }
-  }
+  p.attention = ctx.default_attention;
+  if (const json* ext = field(body, "spin")) parse_extension(*ext, ctx, p);
 
   r.prompt_ids = endpoint == Endpoint::ChatCompletions ? chat_prompt(body, ctx) : completion_prompt(body, ctx);
   const int64_t n_prompt = static_cast<int64_t>(r.prompt_ids.size());

@@ -56,6 +56,7 @@ struct ApiContext {
   std::string model_name;
   int64_t max_model_len = 0;
   std::vector<std::string> algorithms;
+  AttentionSettings default_attention;  // the server's --sparse-algorithm / --sparse-budget
 };
 
 // Parses the body text of a request; throws ApiError (400, 404 for another model's name).

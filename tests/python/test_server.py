@@ -395,8 +395,8 @@ def test_client_errors(server, hf_tokenizer):
 
     err = assert_error(server.api("/v1/completions", {"model": "gpt-17", "prompt": "hi"}), 404, "model")
     assert err["code"] == "model_not_found"
-    err = assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"algorithm": "quest"}}), 400,
-                       "spin.algorithm", ["quest", "dense"])
+    err = assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"algorithm": "no-such"}}), 400,
+                       "spin.algorithm", ["no-such", "dense", "quest"])
     assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"budget": "big"}}), 400, "spin.budget")
     assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"sparsity": 1}}), 400, "spin.sparsity")
     ok = server.api("/v1/completions", {"prompt": "hi", "max_tokens": 2, "spin": {"algorithm": "dense", "budget": 2048}})

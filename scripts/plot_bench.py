@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Plots `spin bench --json-out` results of request-rate sweeps: throughput, TTFT, TPOT and E2E
+latency against the request rate, one line per result file (e.g. one per attention algorithm).
+
+usage: scripts/plot_bench.py OUT.png RESULT.json[=LABEL] [RESULT.json[=LABEL] ...]
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def load(arg):
+    path, _, label = arg.partition("=")
+    with open(path) as f:
+        doc = json.load(f)
+    label = label or doc.get("extra_body", {}).get("spin", {}).get("algorithm") or path
+    runs = doc["runs"]
+    finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
+    # "inf" (all at once) sits one step right of the largest finite rate.
+    inf_x = (max(finite) * 1.5) if finite else 1.0
+    xs = [inf_x if r["request_rate"] == "inf" else r["request_rate"] for r in runs]
+    order = sorted(range(len(runs)), key=lambda i: xs[i])
+    return label, [xs[i] for i in order], [runs[i] for i in order], inf_x if len(finite) < len(runs) else None
+
+
+def main(argv):
+    if len(argv) < 3:
+        sys.exit(__doc__)
+    out = argv[1]
+    panels = [("output_throughput", "output tokens/s", None), ("ttft_ms", "TTFT p50 (ms)", "p50"),
+              ("tpot_ms", "TPOT p50 (ms)", "p50"), ("e2el_ms", "E2E p90 (ms)", "p90")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    inf_marks = set()
+    for arg in argv[2:]:
+        label, xs, runs, inf_x = load(arg)
+        if inf_x is not None:
+            inf_marks.add(inf_x)
+        for ax, (key, title, stat) in zip(axes, panels):
+            ys = [r[key][stat] if stat else r[key] for r in runs]
+            ax.plot(xs, ys, marker="o", label=label)
+            ax.set_title(title)
+            ax.set_xlabel("request rate (req/s)")
+            ax.grid(True, alpha=0.3)
+    for ax in axes:
+        for x in inf_marks:
+            ax.axvline(x, color="grey", linestyle=":", linewidth=0.8)
+    axes[0].legend()
+    if inf_marks:
+        fig.text(0.01, 0.01, "dotted line: all requests at once (rate inf)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,27 @@
+#pragma once
+// The serving factory for sparse attention: one paged two-tier KV store (kv::KvManager on
+// HostPageMemory) shared by every request, and per request a sparse::PagedSparseAttention running
+// the algorithm the request names (any in the sparse registry). `dense` keeps the exact
+// contiguous attention of make_contiguous_attention_factory, so a server whose requests do not
+// ask for sparse attention behaves exactly as before.
+#include <cstdint>
+#include <memory>
+
+#include "engine/attention_factory.h"
+
+namespace spin {
+
+struct PagedStoreConfig {
+  uint32_t page_size = 16;       // tokens per page (8..64)
+  int64_t device_pages = 0;      // device-tier pages (one page: page_size tokens of a layer x KV head)
+  int64_t host_pages = 0;        // host-tier pages
+  int64_t max_batch = 1;         // requests in the store at once (the engine's max_num_seqs)
+  int64_t max_context = 0;       // tokens per request (the engine's max_model_len)
+  // Buffer pages per (layer, KV head) kept for reuse, as a multiple of the selection budget.
+  double buffer_factor = 1.0;
+};
+
+std::unique_ptr<AttentionFactory> make_paged_attention_factory(const AttentionShape& shape,
+                                                               const PagedStoreConfig& config);
+
+}  // namespace spin

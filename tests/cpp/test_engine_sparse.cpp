@@ -1,0 +1,279 @@
+// The engine serving sparse attention through the paged two-tier store
+// (engine/paged_attention_factory.h) on the tiny dummy model. References: the single-sequence
+// generator over dense contiguous attention (engine/generator.h), and the store's idle state
+// read before any request ran.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "engine/paged_attention_factory.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+#include "sparse/algorithm.h"
+
+namespace spin {
+namespace {
+
+struct TinySparseModel {
+  ModelWeights weights = make_dummy_weights(preset_config("tiny-llama"), 11);
+  Transformer model{weights};
+};
+
+TinySparseModel& tiny() {
+  static TinySparseModel m;
+  return m;
+}
+
+constexpr int64_t kMaxModelLen = 160;
+
+std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
+  std::uniform_int_distribution<int32_t> id(3, 511);
+  std::vector<int32_t> p(n);
+  for (auto& x : p) x = id(rng);
+  return p;
+}
+
+// tiny-llama has 2 layers: Quest's default of 2 dense layers would leave nothing sparse.
+AttentionSettings quest(int64_t budget) {
+  AttentionSettings s;
+  s.algorithm = "quest";
+  s.budget = budget;
+  s.first_dense_layers = 0;
+  return s;
+}
+
+RequestParams greedy(int64_t max_tokens, const AttentionSettings& attention) {
+  RequestParams p;
+  p.max_tokens = max_tokens;
+  p.sampling.temperature = 0.0f;
+  p.ignore_eos = true;
+  p.attention = attention;
+  return p;
+}
+
+std::vector<int32_t> generate_dense(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+  GenerationParams g;
+  g.max_tokens = max_tokens;
+  g.sampling.temperature = 0.0f;
+  g.ignore_eos = true;
+  return generate(tiny().model, nullptr, prompt, g, nullptr).output_ids;
+}
+
+struct Collector {
+  std::map<uint64_t, std::vector<int32_t>> ids;
+  std::map<uint64_t, std::string> finish;
+  OutputCallback callback() {
+    return [this](const RequestOutput& out) {
+      auto& v = ids[out.request_id];
+      v.insert(v.end(), out.token_ids.begin(), out.token_ids.end());
+      if (out.finished) finish[out.request_id] = out.finish_reason;
+    };
+  }
+};
+
+PagedStoreConfig store(int64_t device_pages, int64_t host_pages, int64_t max_batch, double buffer_factor = 1.0) {
+  PagedStoreConfig c;
+  c.page_size = 16;
+  c.device_pages = device_pages;
+  c.host_pages = host_pages;
+  c.max_batch = max_batch;
+  c.max_context = kMaxModelLen;
+  c.buffer_factor = buffer_factor;
+  return c;
+}
+
+EngineConfig engine_config(int64_t max_num_seqs) {
+  EngineConfig c;
+  c.max_num_seqs = max_num_seqs;
+  c.max_num_batched_tokens = 48;  // prefill chunks of several requests share steps with decode
+  c.max_model_len = kMaxModelLen;
+  return c;
+}
+
+// bound_holds: the algorithm stays within the admission bound, so the scheduler's reservation
+// bounds what the store really holds at every step.
+void run_to_end(Engine& engine, bool bound_holds = true) {
+  for (int steps = 0; engine.has_work(); ++steps) {
+    ASSERT_LT(steps, 20000) << "no progress";
+    engine.step();
+    const EngineMetrics m = engine.metrics();
+    ASSERT_TRUE(m.kv_store.has_value());
+    if (bound_holds) EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
+    EXPECT_LE(m.kv_store->host_pages_used, m.kv_host_pages_reserved);
+    EXPECT_LE(m.kv_device_pages_reserved, m.kv_store->device_pages_capacity);
+  }
+}
+
+// Pools, segments and reservations are back where they were before any request.
+void expect_idle(const Engine& engine, const KvStoreUsage& idle) {
+  const EngineMetrics m = engine.metrics();
+  ASSERT_TRUE(m.kv_store.has_value());
+  EXPECT_EQ(m.kv_store->device_pages_used, idle.device_pages_used);
+  EXPECT_EQ(m.kv_store->host_pages_used, idle.host_pages_used);
+  EXPECT_EQ(m.kv_store->logical_segments_used, idle.logical_segments_used);
+  EXPECT_EQ(m.kv_store->resident_segments_used, idle.resident_segments_used);
+  EXPECT_EQ(m.kv_store->requests, idle.requests);
+  EXPECT_EQ(m.kv_store->metadata_device_bytes, idle.metadata_device_bytes);
+  EXPECT_EQ(m.kv_store->metadata_host_bytes, idle.metadata_host_bytes);
+  EXPECT_EQ(m.kv_device_pages_reserved, 0);
+  EXPECT_EQ(m.kv_host_pages_reserved, 0);
+  EXPECT_EQ(m.kv_tokens_used, 0);
+  EXPECT_EQ(m.requests_running, 0);
+  EXPECT_EQ(m.requests_waiting, 0);
+}
+
+TEST(EngineSparse, QuestAtFullBudgetEqualsDenseWhileBatched) {
+  std::mt19937 rng(5);
+  const AttentionShape shape = tiny().model.attention_shape();
+  Engine engine(tiny().model, nullptr, engine_config(8),
+                make_paged_attention_factory(shape, store(4000, 4000, 8)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int64_t> lengths;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_prompt(rng, 20 + 13 * i));  // 20..111 tokens: 1..6 complete pages
+    lengths.push_back(18 + i % 4);                       // decode fills pages (Index at decode)
+    // A budget of the whole context: every candidate page is selected.
+    const AttentionSettings attention = i % 4 == 3 ? AttentionSettings{} : quest(kMaxModelLen);
+    ids.push_back(engine.add_request(prompts[i], greedy(lengths[i], attention), c.callback()));
+  }
+  run_to_end(engine);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(c.ids[ids[i]], generate_dense(prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(c.finish[ids[i]], "length");
+  }
+  const EngineMetrics m = engine.metrics();
+  // Quest requests were offloaded and read pages through Retrieve.
+  EXPECT_GT(m.kv_store->offload_bytes, 0u);
+  EXPECT_GT(m.kv_store->hits + m.kv_store->misses, 0u);
+  EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
+  expect_idle(engine, idle);
+}
+
+TEST(EngineSparse, SmallBudgetUnderPressurePreemptsAndReturnsEveryPage) {
+  std::mt19937 rng(9);
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  // Device tier: room for about two full prefills of the longest request (prefill is dense on the
+  // device); sparse decode then keeps only a working set, so more requests run at once.
+  const int64_t device_pages = streams * 2 * (kMaxModelLen / 16);
+  Engine engine(tiny().model, nullptr, engine_config(12),
+                make_paged_attention_factory(shape, store(device_pages, 20 * streams * (kMaxModelLen / 16), 12, 0.0)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  Collector c;
+  std::vector<uint64_t> ids;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    prompts.push_back(random_prompt(rng, 40 + 9 * i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(16, quest(32)), c.callback()));
+  }
+  // Abort two: one before it ran, one mid-run.
+  engine.abort(ids[11]);
+  for (int s = 0; s < 6; ++s) engine.step();
+  engine.abort(ids[0]);
+  run_to_end(engine);
+  EXPECT_TRUE(engine.alive());
+  EXPECT_EQ(c.finish[ids[11]], "abort");
+  EXPECT_EQ(c.finish[ids[0]], "abort");
+  for (int i = 1; i < 11; ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]].size(), 16u) << "request " << i;
+  }
+  const EngineMetrics m = engine.metrics();
+  // A budget of 2 pages and no buffer left most of each context on the host: pages were fetched,
+  // and evicted when the selection moved.
+  EXPECT_GT(m.kv_store->misses, 0u);
+  EXPECT_GT(m.kv_store->evictions, 0u);
+  EXPECT_GT(m.preemptions_total, 0u);
+  EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
+  expect_idle(engine, idle);
+}
+
+// Selects every candidate page and reports all of them as unbudgeted (as outliers are): exact
+// attention, but a decode working set of the whole context, far above the budget bound.
+class AllPagesUnbudgeted final : public sparse::SparseAlgorithm {
+ public:
+  sparse::AlgorithmTraits traits() const override { return {.placement = sparse::Placement::Offload}; }
+  void select(const sparse::SelectQuery& query, kv::LayerSelection& out, sparse::StepBudget&) override {
+    sparse::select_all(query, out);
+    selected_ = query.end_candidate - query.first_candidate;
+  }
+  uint32_t unbudgeted_pages(uint32_t) const override { return selected_; }
+
+ private:
+  uint32_t selected_ = 0;
+};
+
+const sparse::AlgorithmRegistrar kAllPagesRegistration(
+    "test-all-pages-unbudgeted", [](const sparse::AlgorithmContext&) { return std::make_unique<AllPagesUnbudgeted>(); });
+
+TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
+  std::mt19937 rng(21);
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  const int64_t device_pages = streams * 2 * (kMaxModelLen / 16);
+  Engine engine(tiny().model, nullptr, engine_config(8),
+                make_paged_attention_factory(shape, store(device_pages, 20 * device_pages, 8, 0.0)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  AttentionSettings attention;
+  attention.algorithm = "test-all-pages-unbudgeted";
+  attention.budget = 16;
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(random_prompt(rng, 60 + 7 * i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(20, attention), c.callback()));
+  }
+  run_to_end(engine, false);
+  EXPECT_TRUE(engine.alive());
+  EXPECT_GT(engine.metrics().preemptions_total, 0u);
+  // Attention over every page is exact: recomputed or not, each output is the dense one.
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], generate_dense(prompts[i], 20)) << "request " << i;
+  }
+  expect_idle(engine, idle);
+}
+
+TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  // The device tier holds 4 pages per stream: a 64-token prefill at most.
+  Engine engine(tiny().model, nullptr, engine_config(4),
+                make_paged_attention_factory(shape, store(4 * streams, 100 * streams, 4)));
+  std::mt19937 rng(3);
+  Collector c;
+  AttentionSettings unknown = quest(64);
+  unknown.algorithm = "no-such-algorithm";
+  try {
+    engine.add_request(random_prompt(rng, 10), greedy(4, unknown), c.callback());
+    FAIL() << "unknown algorithm accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("quest"), std::string::npos) << e.what();
+  }
+  AttentionSettings bad_sinks = quest(64);
+  bad_sinks.sink_tokens = 5;  // not a multiple of the page size
+  EXPECT_THROW(engine.add_request(random_prompt(rng, 10), greedy(4, bad_sinks), c.callback()), Error);
+  try {
+    engine.add_request(random_prompt(rng, 60), greedy(10, quest(64)), c.callback());
+    FAIL() << "a request larger than the device tier was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device pages"), std::string::npos) << e.what();
+  }
+  // One that fits runs.
+  const uint64_t id = engine.add_request(random_prompt(rng, 40), greedy(8, quest(32)), c.callback());
+  run_to_end(engine);
+  EXPECT_EQ(c.finish[id], "length");
+  EXPECT_EQ(c.ids[id].size(), 8u);
+}
+
+}  // namespace
+}  // namespace spin

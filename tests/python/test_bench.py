@@ -1,0 +1,83 @@
+"""`spin bench` against a live `spin serve` on SmolLM2 with a tiny workload.
+
+References: the workload the test asks for (with --range-ratio 0 every prompt and output has the
+asked length), the server's own /metrics token counters, and the order statistics' definition.
+"""
+import json
+
+from test_server import Server
+
+NUM_PROMPTS = 6
+INPUT_LEN = 16
+OUTPUT_LEN = 4
+
+
+def token_counters(server):
+    m = server.metrics()
+    return m["spin_prompt_tokens_total"], m["spin_generation_tokens_total"]
+
+
+def check_summary(name, s, count):
+    assert s["count"] == count, (name, s)
+    assert 0 < s["p50"] <= s["p90"] <= s["p99"], (name, s)
+    assert s["mean"] > 0, (name, s)
+
+
+def test_bench_counts_latencies_and_server_counters(spin_bin, test_model, test_tmp, run_spin):
+    server = Server(spin_bin, test_model, test_tmp / "server_bench.log", "--max-num-seqs", 8)
+    try:
+        prompt0, gen0 = token_counters(server)
+        out = test_tmp / "bench.json"
+        proc = run_spin("bench", "--base-url", f"http://127.0.0.1:{server.port}/v1", "--num-prompts", NUM_PROMPTS,
+                        "--input-len", INPUT_LEN, "--output-len", OUTPUT_LEN, "--range-ratio", 0,
+                        "--request-rate", 50, "inf", "--burstiness", 0.5, "--max-concurrency", 4,
+                        "--token-ids", "300:40000", "--goodput", "ttft:600000", "tpot:600000",
+                        "--extra-body", '{"spin": {"algorithm": "quest", "budget": 16}}',
+                        "--json-out", out, timeout=120)
+        doc = json.loads(out.read_text())
+        assert doc["model"] == "smollm2-test"  # from /v1/models
+        assert [r["request_rate"] for r in doc["runs"]] == [50.0, "inf"]
+        for r in doc["runs"]:
+            assert r["completed"] == NUM_PROMPTS and r["failed"] == 0, r["errors"]
+            assert r["total_input_tokens"] == NUM_PROMPTS * INPUT_LEN
+            assert r["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN  # ignore_eos: every output full length
+            check_summary("ttft", r["ttft_ms"], NUM_PROMPTS)
+            check_summary("e2el", r["e2el_ms"], NUM_PROMPTS)
+            check_summary("tpot", r["tpot_ms"], NUM_PROMPTS)
+            assert r["itl_ms"]["count"] >= 1 and r["itl_ms"]["p50"] <= r["itl_ms"]["p99"]
+            # A request's first token comes before its last.
+            assert r["ttft_ms"]["mean"] < r["e2el_ms"]["mean"]
+            assert r["e2el_ms"]["p99"] <= r["duration_s"] * 1e3 * 1.001
+            assert 0 <= r["arrival_span_s"] <= r["duration_s"]
+            assert abs(r["request_throughput"] - NUM_PROMPTS / r["duration_s"]) < 1e-6 * r["request_throughput"]
+            assert abs(r["output_throughput"] - r["total_output_tokens"] / r["duration_s"]) < 1e-6 * r["output_throughput"]
+            # SLOs of 10 minutes: every request is good.
+            assert r["good_requests"] == NUM_PROMPTS
+        assert "request rate" in proc.stdout and "TTFT" in proc.stdout
+        prompt1, gen1 = token_counters(server)
+        assert prompt1 - prompt0 == sum(r["total_input_tokens"] for r in doc["runs"])
+        assert gen1 - gen0 == sum(r["total_output_tokens"] for r in doc["runs"])
+
+        # Mixed lengths: what bench counted equals what the server counted.
+        out2 = test_tmp / "bench_mixed.json"
+        run_spin("bench", "--base-url", f"http://127.0.0.1:{server.port}", "--num-prompts", NUM_PROMPTS,
+                 "--input-len", 24, "--output-len", 6, "--range-ratio", 0.5, "--token-ids", "300:40000",
+                 "--seed", 3, "--json-out", out2, timeout=120)
+        r = json.loads(out2.read_text())["runs"][0]
+        assert r["completed"] == NUM_PROMPTS
+        prompt2, gen2 = token_counters(server)
+        assert prompt2 - prompt1 == r["total_input_tokens"]
+        assert gen2 - gen1 == r["total_output_tokens"]
+        assert 12 * NUM_PROMPTS <= r["total_input_tokens"] <= 36 * NUM_PROMPTS
+    finally:
+        assert server.stop() == 0
+
+
+def test_bench_rejects_bad_flags(run_spin):
+    for args, message in [(["--request-rate", "0"], "--request-rate"),
+                          (["--goodput", "latency:5"], "unknown SLO"),
+                          (["--range-ratio", "1.5"], "--range-ratio"),
+                          (["--base-url", "ftp://x"], "http://"),
+                          (["--extra-body", "[1]"], "JSON object")]:
+        proc = run_spin("bench", "--model", "m", *args, expect_ok=False)
+        assert message in proc.stderr, (args, proc.stderr)
