@@ -103,7 +103,9 @@ void run_to_end(Engine& engine, bool bound_holds = true) {
     engine.step();
     const EngineMetrics m = engine.metrics();
     ASSERT_TRUE(m.kv_store.has_value());
-    if (bound_holds) EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
+    if (bound_holds) {
+      EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
+    }
     EXPECT_LE(m.kv_store->host_pages_used, m.kv_host_pages_reserved);
     EXPECT_LE(m.kv_device_pages_reserved, m.kv_store->device_pages_capacity);
   }
