@@ -289,14 +289,19 @@ TEST(EngineScheduler, LoopThreadStreamsThroughQueues) {
   std::mt19937 rng(7);
   EngineConfig config;
   config.max_model_len = 64;
-  Engine engine(tiny().model, nullptr, config);
-  engine.start();
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::shared_ptr<OutputQueue>> queues;
+  // The expected outputs come first: the engine thread and generate() must not share the
+  // Transformer (its activation buffers) at the same time.
+  std::vector<std::vector<int32_t>> prompts, expected;
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(random_prompt(rng, 5 + 3 * i));
+    expected.push_back(generate_alone(prompts.back(), 8));
+  }
+  Engine engine(tiny().model, nullptr, config);
+  engine.start();
+  std::vector<std::shared_ptr<OutputQueue>> queues;
+  for (int i = 0; i < 4; ++i) {
     auto q = std::make_shared<OutputQueue>();
-    engine.add_request(prompts.back(), greedy(8), [q](const RequestOutput& o) { q->push(o); });
+    engine.add_request(prompts[i], greedy(8), [q](const RequestOutput& o) { q->push(o); });
     queues.push_back(q);
   }
   for (int i = 0; i < 4; ++i) {
@@ -308,7 +313,7 @@ TEST(EngineScheduler, LoopThreadStreamsThroughQueues) {
       EXPECT_EQ(out->completion_tokens, static_cast<int64_t>(got.size()));
       if (out->finished) break;
     }
-    EXPECT_EQ(got, generate_alone(prompts[i], 8));
+    EXPECT_EQ(got, expected[i]);
   }
   // stop() ends a long request as aborted instead of leaving its client waiting.
   auto q = std::make_shared<OutputQueue>();
