@@ -84,7 +84,7 @@ struct Reference {
         for (uint32_t j = 0; j < m; ++j) {
           double dot = 0.0;
           for (uint32_t d = 0; d < hd; ++d) dot += q[h * hd + d] * centroid[j][d];
-          logit[j] = dot / std::sqrt(double{hd});
+          logit[j] = dot / std::sqrt(static_cast<double>(hd));
           z += std::exp(logit[j]);
         }
         for (uint32_t j = 0; j < m; ++j) score[j] += std::exp(logit[j]) / z;
@@ -111,7 +111,7 @@ struct Reference {
         auto dotq = [&](const std::vector<double>& x) {
           double dot = 0.0;
           for (uint32_t d = 0; d < hd; ++d) dot += q[h * hd + d] * x[d];
-          return dot / std::sqrt(double{hd});
+          return dot / std::sqrt(static_cast<double>(hd));
         };
         for (uint32_t t = 0; t < tokens; ++t) {
           if (!attended(t)) continue;

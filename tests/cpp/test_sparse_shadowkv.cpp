@@ -148,7 +148,7 @@ TEST(SparseShadowKv, SelectMatchesBruteForce) {
         auto logit = [&](uint32_t page) {
           double dot = 0.0;
           for (uint32_t d = 0; d < hd; ++d) dot += q[h * hd + d] * lm[page][d];
-          return dot / std::sqrt(double{hd});
+          return dot / std::sqrt(static_cast<double>(hd));
         };
         for (uint32_t r = first; r < end; ++r) den += std::exp(logit(r));
         num = std::exp(logit(p));
