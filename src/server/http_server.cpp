@@ -3,6 +3,8 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <ctime>
 #include <optional>
@@ -87,12 +89,21 @@ int HttpServer::bind() {
     const int port = http_->bind_to_any_port(config_.host);
     SPIN_CHECK(port > 0, "cannot listen on {} (any port)", config_.host);
     config_.port = port;
-    return port;
+  } else {
+    SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 1..65535, got {}", config_.port);
+    SPIN_CHECK(http_->bind_to_port(config_.host, config_.port), "cannot listen on {}:{} (in use, or a bad address?)",
+               config_.host, config_.port);
   }
-  SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 1..65535, got {}", config_.port);
-  SPIN_CHECK(http_->bind_to_port(config_.host, config_.port), "cannot listen on {}:{} (in use, or a bad address?)",
-             config_.host, config_.port);
+  raise_listen_backlog();
   return config_.port;
+}
+
+// cpp-httplib listens with a backlog of 5; a burst of hundreds of clients then overflows the accept
+// queue, and some kernels answer the overflow with a reset. Listening again on the bound socket
+// only changes its backlog.
+void HttpServer::raise_listen_backlog() {
+  SPIN_CHECK(listen_fd_ >= 0 && ::listen(listen_fd_, SOMAXCONN) == 0, "cannot raise the listen backlog on {}:{}",
+             config_.host, config_.port);
 }
 
 void HttpServer::listen() { http_->listen_after_bind(); }
@@ -134,6 +145,12 @@ void HttpServer::install_routes() {
   const int threads = config_.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(config_.max_body_bytes);
+  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port.
+  http.set_socket_options([this](int fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd_ = fd;
+  });
 
   http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
     const std::string& key = st->config.api_key;

@@ -45,8 +45,10 @@ class HttpServer {
 
  private:
   void install_routes();
+  void raise_listen_backlog();
 
   ServerConfig config_;
+  int listen_fd_ = -1;  // the socket httplib bound last (captured in its socket-options hook)
   std::unique_ptr<httplib::Server> http_;
   std::shared_ptr<State> state_;
 };
