@@ -15,6 +15,7 @@
 #include "cli/token_ids.h"
 #include "engine/generator.h"
 #include "kernels/cpu/ops.h"
+#include "model/transformer.h"
 #include "model/loader.h"
 
 namespace spin::cli {

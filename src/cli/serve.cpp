@@ -17,6 +17,7 @@
 #include "engine/paged_attention_factory.h"
 #include "kernels/cpu/ops.h"
 #include "model/loader.h"
+#include "model/transformer.h"
 #include "server/http_server.h"
 
 namespace spin::cli {

@@ -52,7 +52,7 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n)
   return t;
 }
 
-Engine::Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
+Engine::Engine(ForwardModel& model, const Tokenizer* tokenizer, const EngineConfig& config,
                std::unique_ptr<AttentionFactory> factory)
     : model_(model), tokenizer_(tokenizer), config_(config), factory_(std::move(factory)) {
   const ModelConfig& mc = model.config();

@@ -27,7 +27,7 @@
 #include "engine/metrics.h"
 #include "engine/sampler.h"
 #include "model/tokenizer.h"
-#include "model/transformer.h"
+#include "model/forward_model.h"
 
 namespace spin {
 
@@ -131,7 +131,7 @@ class Engine {
  public:
   // tokenizer may be null (dummy weights): no text, eos from the model config.
   // factory: null = dense contiguous attention.
-  Engine(Transformer& model, const Tokenizer* tokenizer, const EngineConfig& config,
+  Engine(ForwardModel& model, const Tokenizer* tokenizer, const EngineConfig& config,
          std::unique_ptr<AttentionFactory> factory = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -180,7 +180,7 @@ class Engine {
   void update_gauges();
   void loop();
 
-  Transformer& model_;
+  ForwardModel& model_;
   const Tokenizer* tokenizer_;
   EngineConfig config_;
   std::unique_ptr<AttentionFactory> factory_;

@@ -47,7 +47,7 @@ int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer) {
   return tokenizer ? std::min<int64_t>(model_vocab, tokenizer->vocab_size()) : model_vocab;
 }
 
-GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
+GenerationResult generate(ForwardModel& model, const Tokenizer* tokenizer,
                           std::span<const int32_t> prompt, const GenerationParams& params,
                           const std::function<void(std::string_view)>& on_text,
                           std::vector<float>* prompt_logits) {

@@ -10,7 +10,7 @@
 
 #include "engine/sampler.h"
 #include "model/tokenizer.h"
-#include "model/transformer.h"
+#include "model/forward_model.h"
 
 namespace spin {
 
@@ -55,7 +55,7 @@ class StopMatcher {
 int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer);
 
 // prompt_logits, when given, receives the logits of every prompt position [prompt, vocab].
-GenerationResult generate(Transformer& model, const Tokenizer* tokenizer,
+GenerationResult generate(ForwardModel& model, const Tokenizer* tokenizer,
                           std::span<const int32_t> prompt, const GenerationParams& params,
                           const std::function<void(std::string_view)>& on_text,
                           std::vector<float>* prompt_logits = nullptr);

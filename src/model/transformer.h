@@ -6,28 +6,19 @@
 #include <span>
 #include <vector>
 
-#include "model/attention.h"
+#include "model/forward_model.h"
 #include "model/rope.h"
 #include "model/weights.h"
 
 namespace spin {
 
-struct SequenceChunk {
-  std::span<const int32_t> tokens;  // new tokens of this sequence
-  int64_t pos0 = 0;                 // position of tokens[0]
-  SequenceAttention* attention = nullptr;
-};
-
-class Transformer {
+class Transformer final : public ForwardModel {
  public:
   explicit Transformer(const ModelWeights& weights);
 
-  const ModelConfig& config() const { return weights_.config; }
-  AttentionShape attention_shape() const;
-
-  // Runs all chunks as one batch. logits: [rows, vocab], one row per token of every chunk when
-  // all_logits, else one row per chunk (its last token).
-  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits);
+  const ModelConfig& config() const override { return weights_.config; }
+  AttentionShape attention_shape() const override;
+  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
 
  private:
   const ModelWeights& weights_;
