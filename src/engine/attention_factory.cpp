@@ -53,7 +53,7 @@ class ContiguousAttentionFactory final : public AttentionFactory {
 
   std::vector<std::string> algorithms() const override { return {"dense"}; }
 
-  std::unique_ptr<SequenceAttention> create(const AttentionSettings& settings,
+  std::unique_ptr<SequenceKv> create(const AttentionSettings& settings,
                                             int64_t max_tokens) override {
     SPIN_CHECK(settings.algorithm == "dense", "unknown attention algorithm '{}' (known: dense)",
                settings.algorithm);

@@ -64,7 +64,7 @@ class AttentionFactory {
   // Engine::add_request so a bad request fails its caller, never the engine thread.
   virtual void validate(const AttentionSettings& settings) const;
   // KV for one sequence of at most max_tokens tokens. Throws spin::Error for an unknown algorithm.
-  virtual std::unique_ptr<SequenceAttention> create(const AttentionSettings& settings,
+  virtual std::unique_ptr<SequenceKv> create(const AttentionSettings& settings,
                                                     int64_t max_tokens) = 0;
   // The KV a request holds after storing `tokens` tokens (max_tokens: its capacity); `decoding`:
   // its prefill has ended. Default: blocks of block_tokens tokens.

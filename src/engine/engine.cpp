@@ -22,7 +22,7 @@ struct Engine::Request {
   Sampler sampler;
   StopMatcher stops;
   std::optional<StreamDecoder> decoder;
-  std::unique_ptr<SequenceAttention> kv;
+  std::unique_ptr<SequenceKv> kv;
   int64_t computed = 0;   // tokens whose KV is stored
   KvDemand kv_reserved;  // KV reserved in the engine's accounting
   KvDemand kv_settled;   // what it holds once this step's forward is done

@@ -76,7 +76,7 @@ class PagedAttentionFactory final : public AttentionFactory {
     resolve(settings);
   }
 
-  std::unique_ptr<SequenceAttention> create(const AttentionSettings& settings,
+  std::unique_ptr<SequenceKv> create(const AttentionSettings& settings,
                                             int64_t max_tokens) override {
     if (settings.algorithm == "dense") return contiguous_->create(settings, max_tokens);
     SPIN_CHECK(max_tokens > 0 && max_tokens <= kv_->config().max_context,

@@ -27,16 +27,23 @@ struct AttentionTokens {
   const RopeTable* rope = nullptr;    // the rotation that turned k_pre_rope into k
 };
 
-class SequenceAttention {
+// One sequence's KV, whatever backend holds it. The engine owns these (made by an
+// AttentionFactory) and hands them back to the forward pass that made sense of them.
+class SequenceKv {
  public:
-  virtual ~SequenceAttention() = default;
+  virtual ~SequenceKv() = default;
+  // Tokens stored so far (positions [0, length())).
+  virtual int64_t length() const = 0;
+};
+
+// A host-side SequenceKv the CPU forward pass calls layer by layer.
+class SequenceAttention : public SequenceKv {
+ public:
   // Stores k/v of the tokens at positions [pos0, pos0 + n) for `layer` and writes, for each of
   // those tokens, causal attention over positions [0, its own position].
   // out: [n, n_heads * head_dim]. k_pre_rope and rope may be null where no algorithm needs them.
   virtual void forward(int64_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens,
                        float* out) = 0;
-  // Tokens stored so far (positions [0, length())).
-  virtual int64_t length() const = 0;
 };
 
 }  // namespace spin

@@ -14,7 +14,7 @@ namespace spin {
 struct SequenceChunk {
   std::span<const int32_t> tokens;  // new tokens of this sequence
   int64_t pos0 = 0;                 // position of tokens[0]
-  SequenceAttention* attention = nullptr;
+  SequenceKv* attention = nullptr;  // made by the factory that goes with this model
 };
 
 class ForwardModel {

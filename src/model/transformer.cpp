@@ -28,6 +28,8 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
   int64_t n_tokens = 0;
   for (const SequenceChunk& chunk : chunks) {
     SPIN_CHECK(!chunk.tokens.empty() && chunk.attention != nullptr, "forward: empty chunk");
+    SPIN_CHECK(dynamic_cast<SequenceAttention*>(chunk.attention) != nullptr,
+               "forward: the CPU model needs host-side attention (a factory of another backend made this KV)");
     n_tokens += static_cast<int64_t>(chunk.tokens.size());
   }
   x_.resize(n_tokens * hidden);
@@ -83,7 +85,7 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
                                    .v = &v_[t0 * kv_width],
                                    .k_pre_rope = &k_pre_rope_[t0 * kv_width],
                                    .rope = &rope_};
-      chunk.attention->forward(l, chunk.pos0, n, tokens, &attn_[t0 * q_width]);
+      static_cast<SequenceAttention*>(chunk.attention)->forward(l, chunk.pos0, n, tokens, &attn_[t0 * q_width]);
       t0 += n;
     }
     cpu::matmul_nt(attn_.data(), L.wo.data.data(), h_.data(), n_tokens, hidden, q_width);
