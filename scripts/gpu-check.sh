@@ -2,7 +2,7 @@
 # Runs on the GPU machine in ONE call: unpacks the carried Debian packages (scripts/gpu-deps.sh),
 # builds spin for sm_90, runs every GPU test, runs the GPU kernel benchmarks (spin's kernels and
 # PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
-# SPIN_GPU_BENCH=0 skips the benchmarks.
+# SPIN_GPU_BENCH=0 skips the benchmarks; SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
 # Results go to $OUT (when set) so they come back with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPIN_CUDA=ON \
 cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 -E 'error' "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
 
 status=0
-build/gpu/tests/spin_gpu_tests --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
+build/gpu/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
 if [ "${SPIN_GPU_BENCH:-1}" != 0 ]; then
   echo "== spin kernel benchmarks"
