@@ -3,10 +3,13 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <ctime>
+#include <filesystem>
 #include <optional>
 #include <random>
 
@@ -56,6 +59,63 @@ struct ChoiceSet {
     }
   }
 };
+
+// Numeric address and port of a socket address (as httplib formats Request::remote_addr).
+bool numeric_address(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
+  if (addr.ss_family == AF_INET) {
+    port = ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    port = ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
+  } else {
+    return false;
+  }
+  char host[NI_MAXHOST];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) {
+    return false;
+  }
+  ip = host;
+  return true;
+}
+
+// The socket of the connection a request came on, or -1. httplib 0.11 does not hand it to a
+// handler, but the connection's two addresses name it: the one socket whose peer is
+// (remote_addr, remote_port) and whose own end is (local_addr, local_port). The server thread
+// keeps it open until the handler returns, so no other connection can take that pair meanwhile.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    std::string ip;
+    int port = -1;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || !numeric_address(addr, len, ip, port) ||
+        port != req.remote_port || ip != req.remote_addr) {
+      continue;
+    }
+    len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || !numeric_address(addr, len, ip, port) ||
+        port != req.local_port || ip != req.local_addr) {
+      continue;
+    }
+    return fd;
+  }
+  return -1;
+}
+
+// True once the peer of a connection that sent its whole request has closed it (end of stream or
+// a reset). Bytes waiting (a pipelined request) count as open.
+bool peer_closed(int fd) {
+  char byte = 0;
+  const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n >= 0) return n == 0;
+  return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+}
 
 }  // namespace
 
@@ -266,9 +326,20 @@ void HttpServer::install_routes() {
         std::vector<std::vector<TokenLogprob>> logprobs(n);
         std::string failure;
         size_t n_finished = 0;
+        // Nothing is written until the end, so the socket itself is watched for the client leaving.
+        const int socket_fd = connection_socket(req);
+        if (socket_fd < 0) spdlog::warn("{} {}: connection socket not found; a disconnect is seen only at the end", req.path, id);
         while (n_finished < n) {
-          auto item = choices->queue.pop(std::chrono::milliseconds(1000));
-          if (!item) continue;
+          auto item = choices->queue.pop(std::chrono::milliseconds(100));
+          if (!item) {
+            if (socket_fd >= 0 && peer_closed(socket_fd)) {
+              choices->abort_unfinished(engine);
+              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", req.path, id, n_prompt,
+                           choices->total_completion_tokens());
+              return send_error(res, 499, "client_closed_request", "the client closed the connection");
+            }
+            continue;
+          }
           auto& [i, out] = *item;
           results[i].text += out.text;
           logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(), out.logprobs.end());

@@ -495,6 +495,22 @@ def test_client_disconnect_aborts_the_request(server):
     assert server.request("GET", "/health")[0] == 200
 
 
+def test_non_streaming_client_disconnect_aborts_the_request(server):
+    before = server.metrics()
+    payload = json.dumps({"prompt": PROMPTS[8], "max_tokens": 480, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=120)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                 f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    assert wait_for(lambda: server.metrics()["spin_generation_tokens_total"] > before["spin_generation_tokens_total"])
+    sock.close()
+    assert wait_for(lambda: server.metrics()["spin_requests_aborted_total"] == before["spin_requests_aborted_total"] + 1)
+    after = server.metrics()
+    assert after["spin_num_requests_running"] == 0 and after["spin_num_requests_waiting"] == 0
+    assert after["spin_kv_tokens_used"] == 0
+    assert after["spin_generation_tokens_total"] - before["spin_generation_tokens_total"] < 480
+    assert server.request("GET", "/health")[0] == 200
+
+
 def test_overload_is_503(spin_bin, test_model, test_tmp):
     small = Server(spin_bin, test_model, test_tmp / "server_small.log", "--max-num-seqs", 1, "--max-waiting", 0)
     try:
