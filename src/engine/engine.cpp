@@ -96,8 +96,31 @@ Engine::Engine(ForwardModel& model, const Tokenizer* tokenizer, const EngineConf
 
 Engine::~Engine() { stop(); }
 
-uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& params,
-                             OutputCallback on_output) {
+namespace {
+
+// Runs checks of a request; their spin::Error becomes InvalidRequest (the request is at fault).
+template <typename Checks>
+void as_invalid_request(const Checks& checks) {
+  try {
+    checks();
+  } catch (const InvalidRequest&) {
+    throw;
+  } catch (const Error& e) {
+    throw InvalidRequest(e.what());
+  }
+}
+
+}  // namespace
+
+void Engine::validate_attention(const AttentionSettings& settings) const {
+  as_invalid_request([&] { factory_->validate(settings); });
+}
+
+void Engine::validate_request(std::span<const int32_t> prompt, const RequestParams& params) const {
+  as_invalid_request([&] { check_request(prompt, params); });
+}
+
+void Engine::check_request(std::span<const int32_t> prompt, const RequestParams& params) const {
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   const int64_t context = config_.max_model_len;
   const int64_t vocab = model_.config().vocab_size;
@@ -126,7 +149,12 @@ uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& p
                need.blocks, need.device_pages, need.host_pages, max_len, kv_capacity_.blocks,
                kv_capacity_.device_pages, kv_capacity_.host_pages);
   }
+}
 
+uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& params,
+                             OutputCallback on_output) {
+  validate_request(prompt, params);
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   auto r = std::make_unique<Request>(params, std::move(on_output));
   r->n_prompt = n_prompt;
   r->max_len = n_prompt + params.max_tokens;

@@ -124,6 +124,13 @@ class EngineUnavailable : public Error {
   using Error::Error;
 };
 
+// Thrown by add_request and the validate_* calls when the request itself is at fault (its prompt,
+// limits, sampling or attention settings); the message names the problem with the numbers.
+class InvalidRequest : public Error {
+ public:
+  using Error::Error;
+};
+
 // The log-probability of `id` under softmax(logits) and the top_n most likely tokens.
 TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n);
 
@@ -140,12 +147,15 @@ class Engine {
   // The configuration with defaults resolved.
   const EngineConfig& config() const { return config_; }
   std::vector<std::string> algorithms() const { return factory_->algorithms(); }
-  // Throws spin::Error when requests with these attention settings would be refused.
-  void validate_attention(const AttentionSettings& settings) const { factory_->validate(settings); }
+  const ModelConfig& model_config() const { return model_.config(); }
+  // Throws InvalidRequest when requests with these attention settings would be refused.
+  void validate_attention(const AttentionSettings& settings) const;
+  // Throws InvalidRequest when add_request would refuse this request.
+  void validate_request(std::span<const int32_t> prompt, const RequestParams& params) const;
 
   // Validates and queues a request; on_output runs on the engine thread for every update.
-  // Throws spin::Error naming the problem (with the numbers) for a bad request, and
-  // EngineUnavailable when overloaded or stopped. Thread-safe.
+  // Throws InvalidRequest for a bad request and EngineUnavailable when overloaded or stopped.
+  // Thread-safe.
   uint64_t add_request(std::vector<int32_t> prompt, const RequestParams& params,
                        OutputCallback on_output);
   // Ends a request at the next step boundary, freeing its KV; it gets a final "abort" output.
@@ -169,6 +179,8 @@ class Engine {
   struct Request;
   using clock = std::chrono::steady_clock;
 
+  // The checks of validate_request, throwing spin::Error.
+  void check_request(std::span<const int32_t> prompt, const RequestParams& params) const;
   void take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs);
   bool reserve_kv(Request& r, int64_t tokens, bool decoding);
   void settle_kv(Request& r);

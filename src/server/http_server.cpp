@@ -117,6 +117,84 @@ bool peer_closed(int fd) {
   return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
+// A streaming response: what its content provider needs, and the provider's one call.
+struct StreamResponse {
+  std::shared_ptr<ChoiceSet> choices;
+  Engine* engine = nullptr;
+  Endpoint ep = Endpoint::Completions;
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool include_usage = false;
+  int64_t n_prompt = 0;
+  size_t n = 1;
+  std::chrono::steady_clock::time_point t0;
+  bool with_logprobs = false;
+  const Tokenizer* tokenizer = nullptr;
+  std::string path;
+
+  // Streams every output until the request ends; false when the client went away.
+  bool provide(httplib::DataSink& sink) {
+    auto send = [&](const std::string& payload) {
+      const std::string event = "data: " + payload + "\n\n";
+      return sink.write(event.data(), event.size());
+    };
+    auto gone = [&] {
+      choices->abort_unfinished(*engine);
+      spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id, n_prompt,
+                   choices->total_completion_tokens());
+      return false;
+    };
+    if (ep == Endpoint::ChatCompletions && !choices->sent_role) {
+      choices->sent_role = true;
+      for (size_t i = 0; i < n; ++i) {
+        if (!send(dump(chunk_body(ep, id, created, model, i, "", "", true)))) return gone();
+      }
+    }
+    std::string failure;
+    size_t n_finished = 0;
+    std::string last_reason;
+    while (n_finished < n) {
+      auto item = choices->queue.pop(std::chrono::milliseconds(100));
+      if (!item) {
+        if (!sink.is_writable()) return gone();
+        continue;
+      }
+      auto& [i, out] = *item;
+      choices->completion_tokens[i] = out.completion_tokens;
+      if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
+        const json logprobs = with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
+        choices->text_bytes[i] += static_cast<int64_t>(out.text.size());
+        if (!send(dump(chunk_body(ep, id, created, model, i, out.text, "", false, logprobs)))) return gone();
+      }
+      if (!out.finished) continue;
+      ++n_finished;
+      choices->finished[i] = true;
+      last_reason = out.finish_reason;
+      if (out.finish_reason == "error") {
+        failure = "generation failed: " + out.error;
+      } else if (out.finish_reason == "abort") {
+        if (failure.empty()) failure = "abort";
+      } else if (!send(dump(chunk_body(ep, id, created, model, i, "", out.finish_reason)))) {
+        return gone();
+      }
+    }
+    choices->done = true;
+    spdlog::info("{} {} stream prompt={} n={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt, n,
+                 choices->total_completion_tokens(), last_reason, seconds_since(t0));
+    if (!failure.empty()) {
+      const bool aborted = failure == "abort";
+      send(dump(error_body(aborted ? "the request was aborted (server shutting down)" : failure,
+                           aborted ? "service_unavailable" : "server_error")));
+    } else if (include_usage) {
+      send(dump(usage_chunk_body(ep, id, created, model, n_prompt, choices->total_completion_tokens())));
+    }
+    send("[DONE]");
+    sink.done();
+    return true;
+  }
+};
+
 }  // namespace
 
 struct HttpServer::State {
@@ -179,7 +257,9 @@ void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string 
   st.ctx.tokenizer = tokenizer;
   st.ctx.model_name = std::move(model_name);
   st.ctx.max_model_len = engine->config().max_model_len;
+  st.ctx.vocab_size = engine->model_config().vocab_size;
   st.ctx.algorithms = engine->algorithms();
+  st.ctx.validate_attention = [engine](const AttentionSettings& s) { engine->validate_attention(s); };
   st.chat_template_error = "the model has no tokenizer";
   if (tokenizer) {
     try {
@@ -244,22 +324,16 @@ void HttpServer::install_routes() {
     if (res.status >= 400) spdlog::info("{} {} -> {}", req.method, req.path, res.status);
   });
 
-  // Every API handler: ApiError -> its status; spin::Error (bad input) -> 400; anything else 500.
+  // Every API handler: exceptions become OpenAI-style errors (error_reply); the server's own
+  // failures are logged.
   auto guarded = [](auto handler) {
     return [handler](const httplib::Request& req, httplib::Response& res) {
       try {
         handler(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e.status, e.type, e.what(), e.param, e.code);
-      } catch (const EngineUnavailable& e) {
-        send_error(res, 503, "service_unavailable", e.what());
-      } catch (const Error& e) {
-        send_error(res, 400, "invalid_request_error", e.what());
-      } catch (const std::bad_alloc&) {
-        send_error(res, 503, "service_unavailable", "out of memory");
-      } catch (const std::exception& e) {
-        spdlog::error("{} {}: {}", req.method, req.path, e.what());
-        send_error(res, 500, "server_error", e.what());
+      } catch (...) {
+        const ErrorReply e = error_reply(std::current_exception());
+        if (e.server_fault()) spdlog::error("{} {}: {}", req.method, req.path, e.message);
+        send_error(res, e.status, e.type, e.message, e.param, e.code);
       }
     };
   };
@@ -366,80 +440,45 @@ void HttpServer::install_routes() {
         return;
       }
 
-      Engine* engine_ptr = &engine;
-      const bool include_usage = pr.include_usage;
+      auto stream = std::make_shared<StreamResponse>(StreamResponse{
+          choices, &engine, ep, id, created, model, pr.include_usage, n_prompt, n, t0, with_logprobs, tokenizer,
+          req.path});
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [choices, engine_ptr, ep, id, created, model, include_usage, n_prompt, n, t0, with_logprobs, tokenizer,
-           path = req.path](size_t, httplib::DataSink& sink) {
-            auto send = [&](const std::string& payload) {
-              const std::string event = "data: " + payload + "\n\n";
-              return sink.write(event.data(), event.size());
-            };
-            auto gone = [&] {
-              choices->abort_unfinished(*engine_ptr);
-              spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", path, id, n_prompt,
-                           choices->total_completion_tokens());
-              return false;
-            };
-            if (ep == Endpoint::ChatCompletions && !choices->sent_role) {
-              choices->sent_role = true;
-              for (size_t i = 0; i < n; ++i) {
-                if (!send(dump(chunk_body(ep, id, created, model, i, "", "", true)))) return gone();
-              }
-            }
-            std::string failure;
-            size_t n_finished = 0;
-            std::string last_reason;
-            while (n_finished < n) {
-              auto item = choices->queue.pop(std::chrono::milliseconds(100));
-              if (!item) {
-                if (!sink.is_writable()) return gone();
-                continue;
-              }
-              auto& [i, out] = *item;
-              choices->completion_tokens[i] = out.completion_tokens;
-              if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
-                const json logprobs =
-                    with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
-                choices->text_bytes[i] += static_cast<int64_t>(out.text.size());
-                if (!send(dump(chunk_body(ep, id, created, model, i, out.text, "", false, logprobs)))) return gone();
-              }
-              if (!out.finished) continue;
-              ++n_finished;
-              choices->finished[i] = true;
-              last_reason = out.finish_reason;
-              if (out.finish_reason == "error") {
-                failure = "generation failed: " + out.error;
-              } else if (out.finish_reason == "abort") {
-                if (failure.empty()) failure = "abort";
-              } else if (!send(dump(chunk_body(ep, id, created, model, i, "", out.finish_reason)))) {
-                return gone();
-              }
-            }
-            choices->done = true;
-            spdlog::info("{} {} stream prompt={} n={} completion={} finish={} e2e={:.3f}s", path, id, n_prompt, n,
-                         choices->total_completion_tokens(), last_reason, seconds_since(t0));
-            if (!failure.empty()) {
-              const bool aborted = failure == "abort";
-              send(dump(error_body(aborted ? "the request was aborted (server shutting down)" : failure,
-                                   aborted ? "service_unavailable" : "server_error")));
-            } else if (include_usage) {
-              send(dump(usage_chunk_body(ep, id, created, model, n_prompt, choices->total_completion_tokens())));
-            }
-            send("[DONE]");
-            sink.done();
-            return true;
+          [stream](size_t, httplib::DataSink& sink) {
+            return run_stream_provider(
+                sink, [&] { return stream->provide(sink); },
+                [&] {
+                  stream->choices->abort_unfinished(*stream->engine);
+                  stream->choices->done = true;
+                },
+                stream->path + " " + stream->id);
           },
-          [choices, engine_ptr](bool) {
+          [stream](bool) {
             // The connection ended before the request did (a write failed, the server stops).
-            if (!choices->done) choices->abort_unfinished(*engine_ptr);
+            if (!stream->choices->done) stream->choices->abort_unfinished(*stream->engine);
           });
     };
   };
   http.Post("/v1/completions", guarded(generate(Endpoint::Completions)));
   http.Post("/v1/chat/completions", guarded(generate(Endpoint::ChatCompletions)));
+}
+
+bool run_stream_provider(httplib::DataSink& sink, const std::function<bool()>& provide,
+                         const std::function<void()>& abort, const std::string& what) {
+  try {
+    return provide();
+  } catch (...) {
+    const ErrorReply e = error_reply(std::current_exception());
+    spdlog::error("{}: streaming failed: {}", what, e.message);
+    abort();
+    if (!sink.is_writable || !sink.is_writable()) return false;
+    const std::string events = "data: " + dump(error_body(e.message, e.type)) + "\n\ndata: [DONE]\n\n";
+    if (!sink.write(events.data(), events.size())) return false;
+    sink.done();
+    return true;
+  }
 }
 
 namespace {

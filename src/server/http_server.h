@@ -4,6 +4,7 @@
 // answers 503 until attach()), and aborts a streaming request as soon as its client goes away.
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,7 @@
 
 namespace httplib {
 class Server;
+class DataSink;
 }
 
 namespace spin::server {
@@ -52,6 +54,13 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   std::shared_ptr<State> state_;
 };
+
+// One call of a streaming response's content provider. An exception must not escape into httplib
+// (it would end the process): one from `provide` is logged, `abort` ends the request, and a
+// stream still open gets an error event and `data: [DONE]`. Returns what httplib expects of a
+// provider: true to go on (or when the stream was completed), false to drop the connection.
+bool run_stream_provider(httplib::DataSink& sink, const std::function<bool()>& provide,
+                         const std::function<void()>& abort, const std::string& what);
 
 // Prometheus text exposition of the engine's metrics.
 std::string render_metrics(const EngineMetrics& m, bool engine_alive);

@@ -27,6 +27,24 @@ void bad_request(const std::string& param, const std::string& message) {
   throw ApiError(400, "invalid_request_error", message, param);
 }
 
+ErrorReply error_reply(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ApiError& e) {
+    return {e.status, e.type, e.what(), e.param, e.code};
+  } catch (const InvalidRequest& e) {
+    return {400, "invalid_request_error", e.what(), {}, {}};
+  } catch (const EngineUnavailable& e) {
+    return {503, "service_unavailable", e.what(), {}, {}};
+  } catch (const std::bad_alloc&) {
+    return {503, "service_unavailable", "out of memory", {}, {}};
+  } catch (const std::exception& e) {
+    return {500, "server_error", e.what(), {}, {}};
+  } catch (...) {
+    return {500, "server_error", "unknown error", {}, {}};
+  }
+}
+
 namespace {
 
 const char* type_name(const json& v) {
@@ -91,9 +109,14 @@ std::optional<std::string> get_string(const json& body, const char* name, const 
   return v->get<std::string>();
 }
 
-std::vector<int32_t> encode_text(const ApiContext& ctx, const std::string& text, const char* param) {
+// Tokenizes prompt text; text the tokenizer refuses is the client's to fix.
+std::vector<int32_t> encode_text(const ApiContext& ctx, const std::string& text, const std::string& param) {
   if (!ctx.tokenizer) bad_request(param, "this model has no tokenizer: send the prompt as token ids");
-  return ctx.tokenizer->encode_prompt(text, true);
+  try {
+    return ctx.tokenizer->encode_prompt(text, true);
+  } catch (const Error& e) {
+    bad_request(param, fmt::format("the prompt cannot be tokenized: {}", e.what()));
+  }
 }
 
 std::vector<int32_t> token_id_array(const json& array, const char* param) {
@@ -164,7 +187,13 @@ std::vector<int32_t> chat_prompt(const json& body, const ApiContext& ctx) {
     auto content = msg.find("content");
     messages.push_back({r, message_content(content == msg.end() ? json() : *content, i)});
   }
-  return ctx.tokenizer->encode_prompt(ctx.chat_template->apply(messages, true), true);
+  std::string rendered;
+  try {
+    rendered = ctx.chat_template->apply(messages, true);
+  } catch (const Error& e) {
+    bad_request("messages", fmt::format("the messages do not fit the chat template: {}", e.what()));
+  }
+  return encode_text(ctx, rendered, "messages");
 }
 
 std::vector<std::string> stop_strings(const json& body) {
@@ -251,6 +280,13 @@ void parse_extension(const json& ext, const ApiContext& ctx, RequestParams& p) {
   tokens_field("window_tokens", p.attention.window_tokens);
   tokens_field("first_dense_layers", p.attention.first_dense_layers);
   if (auto ignore = get_bool(ext, "ignore_eos", "spin.")) p.ignore_eos = *ignore;
+  if (ctx.validate_attention) {
+    try {
+      ctx.validate_attention(p.attention);
+    } catch (const Error& e) {
+      bad_request("spin", fmt::format("the attention settings are refused: {}", e.what()));
+    }
+  }
 }
 
 }  // namespace
@@ -361,12 +397,11 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   }
   // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
   p.max_tokens = max_tokens ? *max_tokens : (endpoint == Endpoint::Completions ? std::min<int64_t>(16, room) : room);
-  if (ctx.tokenizer) {
-    for (int32_t id : r.prompt_ids) {
-      if (id >= ctx.tokenizer->vocab_size()) {
-        bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id,
-                                              ctx.tokenizer->vocab_size() - 1));
-      }
+  // Ids past the tokenizer's vocabulary (padding rows of the model's) have no text.
+  const int64_t vocab = ctx.tokenizer ? std::min<int64_t>(ctx.tokenizer->vocab_size(), ctx.vocab_size) : ctx.vocab_size;
+  for (int32_t id : r.prompt_ids) {
+    if (id >= vocab) {
+      bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id, vocab - 1));
     }
   }
   return r;

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -26,6 +28,19 @@ class ApiError : public std::runtime_error {
   std::string param;
   std::string code;
 };
+
+// What an exception escaping a request handler becomes. The client's mistakes keep their status
+// (ApiError; the engine's InvalidRequest is a 400), an engine that cannot take work is a 503, and
+// anything else, spin::Error included, is the server's own failure: 500 server_error.
+struct ErrorReply {
+  int status = 500;
+  std::string type;
+  std::string message;
+  std::string param;
+  std::string code;
+  bool server_fault() const { return status >= 500 && status != 503; }
+};
+ErrorReply error_reply(const std::exception_ptr& error);
 
 // {"error": {"message", "type", "param", "code"}} (param/code null when empty).
 nlohmann::ordered_json error_body(const std::string& message, const std::string& type,
@@ -55,11 +70,15 @@ struct ApiContext {
   const ChatTemplate* chat_template = nullptr;  // null: /v1/chat/completions refuses
   std::string model_name;
   int64_t max_model_len = 0;
+  int64_t vocab_size = 0;  // the model's: prompt token ids must be below it
   std::vector<std::string> algorithms;
   AttentionSettings default_attention;  // the server's --sparse-algorithm / --sparse-budget
+  // Throws spin::Error when the engine would refuse these settings (null: not checked here).
+  std::function<void(const AttentionSettings&)> validate_attention;
 };
 
-// Parses the body text of a request; throws ApiError (400, 404 for another model's name).
+// Parses the body text of a request; throws ApiError (400 for every mistake of the client, 404
+// for another model's name).
 ParsedRequest parse_request(Endpoint endpoint, const std::string& body, const ApiContext& ctx);
 
 // Response bodies.

@@ -333,20 +333,20 @@ TEST(EngineScheduler, RejectsBadRequestsWithTheNumbers) {
   try {
     engine.add_request(random_prompt(rng, 32), greedy(1), nullptr);
     ADD_FAILURE() << "a prompt filling the context was accepted";
-  } catch (const Error& e) {
+  } catch (const InvalidRequest& e) {
     EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
   }
   try {
     engine.add_request(random_prompt(rng, 20), greedy(13), nullptr);
     ADD_FAILURE() << "max_tokens past the context was accepted";
-  } catch (const Error& e) {
+  } catch (const InvalidRequest& e) {
     EXPECT_NE(std::string(e.what()).find("33"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(engine.add_request({1, 512}, greedy(1), nullptr), Error);
-  EXPECT_THROW(engine.add_request({}, greedy(1), nullptr), Error);
+  EXPECT_THROW(engine.add_request({1, 512}, greedy(1), nullptr), InvalidRequest);
+  EXPECT_THROW(engine.add_request({}, greedy(1), nullptr), InvalidRequest);
   RequestParams sparse = greedy(1);
   sparse.attention.algorithm = "quest";
-  EXPECT_THROW(engine.add_request({1, 2, 3}, sparse, nullptr), Error);
+  EXPECT_THROW(engine.add_request({1, 2, 3}, sparse, nullptr), InvalidRequest);
   EXPECT_FALSE(engine.has_work());
 
   EngineConfig overloaded;

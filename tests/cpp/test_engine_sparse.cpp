@@ -258,16 +258,16 @@ TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {
   try {
     engine.add_request(random_prompt(rng, 10), greedy(4, unknown), c.callback());
     FAIL() << "unknown algorithm accepted";
-  } catch (const Error& e) {
+  } catch (const InvalidRequest& e) {
     EXPECT_NE(std::string(e.what()).find("quest"), std::string::npos) << e.what();
   }
   AttentionSettings bad_sinks = quest(64);
   bad_sinks.sink_tokens = 5;  // not a multiple of the page size
-  EXPECT_THROW(engine.add_request(random_prompt(rng, 10), greedy(4, bad_sinks), c.callback()), Error);
+  EXPECT_THROW(engine.add_request(random_prompt(rng, 10), greedy(4, bad_sinks), c.callback()), InvalidRequest);
   try {
     engine.add_request(random_prompt(rng, 60), greedy(10, quest(64)), c.callback());
     FAIL() << "a request larger than the device tier was accepted";
-  } catch (const Error& e) {
+  } catch (const InvalidRequest& e) {
     EXPECT_NE(std::string(e.what()).find("device pages"), std::string::npos) << e.what();
   }
   // One that fits runs.

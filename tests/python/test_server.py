@@ -399,6 +399,9 @@ def test_client_errors(server, hf_tokenizer):
                        "spin.algorithm", ["no-such", "dense", "quest"])
     assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"budget": "big"}}), 400, "spin.budget")
     assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"sparsity": 1}}), 400, "spin.sparsity")
+    # Settings the engine's KV store refuses are the client's mistake too: 400, never 500.
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "spin": {"algorithm": "quest", "sink_tokens": 5}}),
+                 400, "spin", ["sink tokens", "multiple of the page size"])
     ok = server.api("/v1/completions", {"prompt": "hi", "max_tokens": 2, "spin": {"algorithm": "dense", "budget": 2048}})
     assert ok[0] == 200, ok[2]
 
