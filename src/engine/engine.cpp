@@ -306,11 +306,12 @@ void Engine::sample_next(Request& r, std::span<const float> all_logits, RequestO
   out.prompt_tokens = r.n_prompt;
   out.completion_tokens = r.n_sampled;
 
-  // The same order as generate(): stop ids, then text and stop strings, then the length limit.
+  // Stop ids first, then text and stop strings, then the length limit.
   const bool is_stop_id = std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end();
   std::string reason;
   if (is_stop_id && !r.params.ignore_eos) {
     reason = "stop";
+    out.stop_token = true;
   } else {
     if (r.params.top_logprobs >= 0) out.logprobs.push_back(token_logprob(logits, id, r.params.top_logprobs));
     r.tokens.push_back(id);

@@ -69,6 +69,7 @@ struct RequestOutput {
   std::string text;                // new text (whole UTF-8 characters, stop strings removed)
   bool finished = false;
   std::string finish_reason;       // when finished: "stop", "length", "abort" or "error"
+  bool stop_token = false;         // finished by a stop token: the last of token_ids, without text
   std::string error;               // message when finish_reason is "error"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;   // tokens sampled so far

@@ -1,7 +1,6 @@
 #include "engine/generator.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "base/error.h"
 #include "model/contiguous_attention.h"
@@ -47,86 +46,20 @@ int64_t sampleable_vocab(int64_t model_vocab, const Tokenizer* tokenizer) {
   return tokenizer ? std::min<int64_t>(model_vocab, tokenizer->vocab_size()) : model_vocab;
 }
 
-GenerationResult generate(ForwardModel& model, const Tokenizer* tokenizer,
-                          std::span<const int32_t> prompt, const GenerationParams& params,
-                          const std::function<void(std::string_view)>& on_text,
-                          std::vector<float>* prompt_logits) {
-  using clock = std::chrono::steady_clock;
-  const ModelConfig& config = model.config();
+std::vector<float> prompt_logits(ForwardModel& model, std::span<const int32_t> prompt, int64_t chunk) {
   SPIN_CHECK(!prompt.empty(), "the prompt is empty");
-  SPIN_CHECK(params.max_tokens >= 0, "max tokens must be >= 0, got {}", params.max_tokens);
-  SPIN_CHECK(params.prefill_chunk > 0, "prefill chunk must be positive, got {}", params.prefill_chunk);
-  SPIN_CHECK(params.max_context <= config.max_position,
-             "max context {} is longer than the model's context length {}", params.max_context,
-             config.max_position);
-  const int64_t context = params.max_context > 0 ? params.max_context : config.max_position;
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  SPIN_CHECK(n_prompt < context || (n_prompt == context && params.max_tokens == 0),
-             "the prompt has {} tokens but the context length is {}", n_prompt, context);
-  const int64_t max_new = std::min(params.max_tokens, context - n_prompt);
-
-  Sampler sampler(params.sampling);
-  ContiguousAttention kv(model.attention_shape(), n_prompt + std::max<int64_t>(max_new, 1));
-  GenerationResult result;
-  result.prompt_tokens = n_prompt;
-
-  // Prefill in chunks; only the last chunk's last row is needed unless all logits are asked for.
-  std::vector<float> logits;
-  const auto t_prefill = clock::now();
-  for (int64_t pos = 0; pos < n_prompt; pos += params.prefill_chunk) {
-    const int64_t n = std::min(params.prefill_chunk, n_prompt - pos);
-    SequenceChunk chunk{prompt.subspan(pos, n), pos, &kv};
-    model.forward(std::span(&chunk, 1), prompt_logits != nullptr, logits);
-    if (prompt_logits) prompt_logits->insert(prompt_logits->end(), logits.begin(), logits.end());
+  SPIN_CHECK(chunk > 0, "prefill chunk must be positive, got {}", chunk);
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  ContiguousAttention kv(model.attention_shape(), n_prompt);
+  std::vector<float> all, logits;
+  all.reserve(static_cast<size_t>(n_prompt * model.config().vocab_size));
+  for (int64_t pos = 0; pos < n_prompt; pos += chunk) {
+    const int64_t n = std::min(chunk, n_prompt - pos);
+    SequenceChunk piece{prompt.subspan(pos, n), pos, &kv};
+    model.forward(std::span(&piece, 1), true, logits);
+    all.insert(all.end(), logits.begin(), logits.end());
   }
-  result.prefill_seconds = std::chrono::duration<double>(clock::now() - t_prefill).count();
-  const int64_t vocab = config.vocab_size;
-  const int64_t usable = sampleable_vocab(vocab, tokenizer);
-  std::span<const float> last(logits.data() + logits.size() - vocab, usable);
-
-  StopMatcher stops(params.stop);
-  std::optional<StreamDecoder> decoder;
-  if (tokenizer) decoder.emplace(*tokenizer);
-  const std::vector<int32_t> no_stop_ids;
-  const std::vector<int32_t>& stop_ids = tokenizer ? tokenizer->stop_ids() : no_stop_ids;
-  auto emit = [&](std::string_view text) {
-    if (text.empty()) return;
-    result.text.append(text);
-    if (on_text) on_text(text);
-  };
-
-  result.finish_reason = "length";
-  const auto t_decode = clock::now();
-  std::vector<float> step_logits(last.begin(), last.end());
-  for (int64_t i = 0; i < max_new; ++i) {
-    const int32_t id = sampler.sample(step_logits);
-    const bool is_stop_id = std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end() ||
-                            (!tokenizer && id == config.eos_token_id);
-    if (is_stop_id && !params.ignore_eos) {
-      result.finish_reason = "stop";
-      break;
-    }
-    result.output_ids.push_back(id);
-    if (decoder) {
-      emit(stops.push(decoder->push(id)));
-      if (stops.stopped()) {
-        result.finish_reason = "stop";
-        break;
-      }
-    }
-    if (i + 1 == max_new) break;
-    const int32_t token = id;
-    SequenceChunk chunk{std::span(&token, 1), n_prompt + i, &kv};
-    model.forward(std::span(&chunk, 1), false, logits);
-    ++result.decode_steps;
-    step_logits.assign(logits.begin(), logits.begin() + usable);
-  }
-  if (decoder && !stops.stopped()) {
-    emit(stops.push(decoder->flush()));
-    if (!stops.stopped()) emit(stops.flush());
-  }
-  result.decode_seconds = std::chrono::duration<double>(clock::now() - t_decode).count();
-  return result;
+  return all;
 }
 
 }  // namespace spin

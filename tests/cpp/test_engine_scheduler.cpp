@@ -1,6 +1,6 @@
 // The continuous-batching engine on the tiny dummy model: every greedy output is compared with
-// the single-sequence generator (engine/generator.h, one sequence, no batching, no preemption),
-// and the scheduling rules (token budget, decode first, FCFS, KV budget, abort) with what each
+// the plain single-sequence greedy loop (engine_fixture.h: no batching, no preemption), and the
+// scheduling rules (token budget, decode first, FCFS, KV budget, abort) with what each
 // step reports.
 #include <gtest/gtest.h>
 
@@ -14,63 +14,13 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
-#include "engine/generator.h"
+#include "engine_fixture.h"
 #include "model/contiguous_attention.h"
-#include "model/loader.h"
-#include "model/transformer.h"
 
 namespace spin {
 namespace {
 
-struct TinyModel {
-  ModelWeights weights = make_dummy_weights(preset_config("tiny-llama"), 11);
-  Transformer model{weights};
-};
-
-TinyModel& tiny() {
-  static TinyModel m;
-  return m;
-}
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
-  std::uniform_int_distribution<int32_t> id(3, 511);  // not bos/eos
-  std::vector<int32_t> p(n);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
-
-RequestParams greedy(int64_t max_tokens) {
-  RequestParams p;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0.0f;
-  p.ignore_eos = true;  // fixed lengths: every token is compared
-  return p;
-}
-
-// The reference: the plain single-sequence generator.
-std::vector<int32_t> generate_alone(const std::vector<int32_t>& prompt, int64_t max_tokens) {
-  GenerationParams g;
-  g.max_tokens = max_tokens;
-  g.sampling.temperature = 0.0f;
-  g.ignore_eos = true;
-  return generate(tiny().model, nullptr, prompt, g, nullptr).output_ids;
-}
-
-// Collects every request's outputs (callbacks run on the stepping thread).
-struct Collector {
-  std::map<uint64_t, std::vector<int32_t>> ids;
-  std::map<uint64_t, std::string> finish;
-  std::map<uint64_t, int64_t> first_token_step;
-  int64_t step = 0;
-  OutputCallback callback() {
-    return [this](const RequestOutput& out) {
-      auto& v = ids[out.request_id];
-      if (v.empty() && !out.token_ids.empty()) first_token_step[out.request_id] = step;
-      v.insert(v.end(), out.token_ids.begin(), out.token_ids.end());
-      if (out.finished) finish[out.request_id] = out.finish_reason;
-    };
-  }
-};
+using namespace engine_test;
 
 // Steps until idle, checking the per-step invariants; returns the reports.
 std::vector<StepReport> run_to_end(Engine& engine, Collector& c, int max_steps = 10000) {
@@ -122,7 +72,7 @@ TEST(EngineScheduler, SixteenConcurrentGreedyRequestsEqualEachAlone) {
   EXPECT_EQ(widest, 16u);
   EXPECT_TRUE(mixed);
   for (int i = 0; i < 16; ++i) {
-    EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], lengths[i])) << "request " << i;
     EXPECT_EQ(c.finish[ids[i]], "length");
   }
   EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
@@ -164,7 +114,7 @@ TEST(EngineScheduler, TokenBudgetDecodeFirstAndChunkedPrefill) {
     EXPECT_LE(total, 7);
   }
   EXPECT_GT(chunked_prefills, 0);  // prompts of 20+ tokens under a budget of 7 were split
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], 5)) << "request " << i;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 5)) << "request " << i;
 }
 
 TEST(EngineScheduler, ChunkedPrefillGivesTheLogitsOfOneChunk) {
@@ -246,7 +196,7 @@ TEST(EngineScheduler, PreemptionUnderATinyKvBudgetKeepsGreedyOutput) {
   run_to_end(engine, c);
   EXPECT_GT(engine.metrics().preemptions_total, 0u);
   for (int i = 0; i < 4; ++i) {
-    EXPECT_EQ(c.ids[ids[i]], generate_alone(prompts[i], 30)) << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 30)) << "request " << i;
     EXPECT_EQ(c.finish[ids[i]], "length");
   }
   EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
@@ -289,12 +239,12 @@ TEST(EngineScheduler, LoopThreadStreamsThroughQueues) {
   std::mt19937 rng(7);
   EngineConfig config;
   config.max_model_len = 64;
-  // The expected outputs come first: the engine thread and generate() must not share the
+  // The expected outputs come first: the engine thread and the reference must not share the
   // Transformer (its activation buffers) at the same time.
   std::vector<std::vector<int32_t>> prompts, expected;
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(random_prompt(rng, 5 + 3 * i));
-    expected.push_back(generate_alone(prompts.back(), 8));
+    expected.push_back(reference_greedy(prompts.back(), 8));
   }
   Engine engine(tiny().model, nullptr, config);
   engine.start();

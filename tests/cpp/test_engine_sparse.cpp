@@ -1,42 +1,26 @@
 // The engine serving sparse attention through the paged two-tier store
-// (engine/paged_attention_factory.h) on the tiny dummy model. References: the single-sequence
-// generator over dense contiguous attention (engine/generator.h), and the store's idle state
-// read before any request ran.
+// (engine/paged_attention_factory.h) on the tiny dummy model. References: the plain
+// single-sequence greedy loop over dense contiguous attention (engine_fixture.h), and the store's
+// idle state read before any request ran.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "engine/engine.h"
-#include "engine/generator.h"
 #include "engine/paged_attention_factory.h"
-#include "model/loader.h"
-#include "model/transformer.h"
+#include "engine_fixture.h"
 #include "sparse/algorithm.h"
 
 namespace spin {
 namespace {
 
-struct TinySparseModel {
-  ModelWeights weights = make_dummy_weights(preset_config("tiny-llama"), 11);
-  Transformer model{weights};
-};
-
-TinySparseModel& tiny() {
-  static TinySparseModel m;
-  return m;
-}
+using namespace engine_test;
 
 constexpr int64_t kMaxModelLen = 160;
-
-std::vector<int32_t> random_prompt(std::mt19937& rng, int64_t n) {
-  std::uniform_int_distribution<int32_t> id(3, 511);
-  std::vector<int32_t> p(n);
-  for (auto& x : p) x = id(rng);
-  return p;
-}
 
 // tiny-llama has 2 layers: Quest's default of 2 dense layers would leave nothing sparse.
 AttentionSettings quest(int64_t budget) {
@@ -46,35 +30,6 @@ AttentionSettings quest(int64_t budget) {
   s.first_dense_layers = 0;
   return s;
 }
-
-RequestParams greedy(int64_t max_tokens, const AttentionSettings& attention) {
-  RequestParams p;
-  p.max_tokens = max_tokens;
-  p.sampling.temperature = 0.0f;
-  p.ignore_eos = true;
-  p.attention = attention;
-  return p;
-}
-
-std::vector<int32_t> generate_dense(const std::vector<int32_t>& prompt, int64_t max_tokens) {
-  GenerationParams g;
-  g.max_tokens = max_tokens;
-  g.sampling.temperature = 0.0f;
-  g.ignore_eos = true;
-  return generate(tiny().model, nullptr, prompt, g, nullptr).output_ids;
-}
-
-struct Collector {
-  std::map<uint64_t, std::vector<int32_t>> ids;
-  std::map<uint64_t, std::string> finish;
-  OutputCallback callback() {
-    return [this](const RequestOutput& out) {
-      auto& v = ids[out.request_id];
-      v.insert(v.end(), out.token_ids.begin(), out.token_ids.end());
-      if (out.finished) finish[out.request_id] = out.finish_reason;
-    };
-  }
-};
 
 PagedStoreConfig store(int64_t device_pages, int64_t host_pages, int64_t max_batch, double buffer_factor = 1.0) {
   PagedStoreConfig c;
@@ -148,7 +103,7 @@ TEST(EngineSparse, QuestAtFullBudgetEqualsDenseWhileBatched) {
   }
   run_to_end(engine);
   for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(c.ids[ids[i]], generate_dense(prompts[i], lengths[i])) << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], lengths[i])) << "request " << i;
     EXPECT_EQ(c.finish[ids[i]], "length");
   }
   const EngineMetrics m = engine.metrics();
@@ -240,7 +195,7 @@ TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
   // Attention over every page is exact: recomputed or not, each output is the dense one.
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
-    EXPECT_EQ(c.ids[ids[i]], generate_dense(prompts[i], 20)) << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 20)) << "request " << i;
   }
   expect_idle(engine, idle);
 }
