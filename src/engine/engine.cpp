@@ -408,6 +408,10 @@ StepReport Engine::step() {
       // partial KV, so all of them recompute later (admitted by their whole context from now on);
       // one that ran alone cannot run at all.
       spdlog::warn("KV store exhausted during a step of {} requests: {}", scheduled.size(), e.what());
+      {
+        std::lock_guard lock(metrics_mutex_);
+        ++metrics_.kv_store_exhausted_total;
+      }
       report.chunks.clear();
       report.n_tokens = 0;
       for (auto& [r, n] : scheduled) {

@@ -41,6 +41,9 @@ struct EngineMetrics {
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;
   uint64_t preemptions_total = 0;
+  // Steps in which the paged store ran out inside the forward (an algorithm kept more device
+  // pages than its admission bound): their requests were preempted.
+  uint64_t kv_store_exhausted_total = 0;
   uint64_t requests_finished_stop = 0;
   uint64_t requests_finished_length = 0;
   uint64_t requests_aborted = 0;

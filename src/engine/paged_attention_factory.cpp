@@ -116,9 +116,10 @@ class PagedAttentionFactory final : public AttentionFactory {
       d.device_pages = streams * pages;
       return d;
     }
-    // Exact for algorithms whose selection stays within budget_pages; one that adds unbudgeted
-    // pages (outliers, whole clusters) is caught by store_exhausted and admitted by its context.
-    const int64_t selected = r.budget_pages(static_cast<uint32_t>(tokens));
+    // The selection: the budget plus the pages the algorithm declares it may add outside it. An
+    // algorithm that adds more than it declares is caught by store_exhausted and admitted by its
+    // whole context from then on.
+    const int64_t selected = int64_t{r.budget_pages(static_cast<uint32_t>(tokens))} + r.traits.max_unbudgeted_pages;
     const int64_t per_sparse_stream =
         std::min<int64_t>(pages, always + selected + buffer_pages(r, max_tokens));
     const int64_t dense_layers = std::min<int64_t>(r.first_dense_layers, shape_.n_layers);

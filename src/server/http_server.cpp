@@ -526,6 +526,9 @@ std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
   counter(out, "spin_requests_aborted_total", "Requests aborted (client gone or shutdown)",
           static_cast<double>(m.requests_aborted));
   counter(out, "spin_engine_steps_total", "Scheduler iterations", static_cast<double>(m.steps_total));
+  counter(out, "spin_kv_store_exhausted_total",
+          "Steps in which the paged KV store ran out (an algorithm above its admission bound)",
+          static_cast<double>(m.kv_store_exhausted_total));
   gauge(out, "spin_kv_device_pages_reserved", "Paged KV store: device pages the scheduler reserved",
         static_cast<double>(m.kv_device_pages_reserved));
   gauge(out, "spin_kv_host_pages_reserved", "Paged KV store: host pages the scheduler reserved",

@@ -104,7 +104,8 @@ class SparseAlgorithm {
   virtual void select(const SelectQuery& query, kv::LayerSelection& out, StepBudget& budget);
   // Pages of the latest select's list for `kv_head` that the algorithm keeps outside the budget
   // (ShadowKV's outlier chunks, RetroInfer's not yet clustered decode pages): the pipeline
-  // reports them as outlier_tokens instead of selected_tokens.
+  // reports them as outlier_tokens instead of selected_tokens. traits().max_unbudgeted_pages
+  // bounds them (admission counts that many device pages per KV head).
   virtual uint32_t unbudgeted_pages(uint32_t /*kv_head*/) const { return 0; }
   // Decode attention of one layer; default: attend_pages.
   virtual void attend(const AttendInput& in, float* out);

@@ -49,7 +49,12 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
   }
 
   AlgorithmTraits traits() const override {
-    return {.placement = Placement::Offload, .sink_tokens = 4, .window_tokens = 64};
+    // Decode pages wait unclustered (selected outside the budget) until they make up a
+    // re-clustering segment: fewer than recluster_tokens_ worth of pages at any step.
+    return {.placement = Placement::Offload,
+            .max_unbudgeted_pages = (recluster_tokens_ + page_size_ - 1) / page_size_,
+            .sink_tokens = 4,
+            .window_tokens = 64};
   }
 
   void index(const IndexInput& in) override {

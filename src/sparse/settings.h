@@ -47,6 +47,10 @@ struct AlgorithmTraits {
   Placement placement = Placement::Offload;
   uint32_t first_dense_layers = 0;
   uint32_t min_selected_pages = 0;  // selection never goes below this many pages (Quest: 3)
+  // Pages per (sparse layer, KV head) that select() may add beyond the budget (the pages
+  // unbudgeted_pages() reports: ShadowKV's outlier chunks, RetroInfer's decode pages not yet
+  // clustered), at most the context's pages. Admission counts them in the device working set.
+  uint32_t max_unbudgeted_pages = 0;
   // Index also gets the keys before RoPE (ShadowKV, Seer); the pipeline then keeps the pre-RoPE
   // keys of the pages not yet indexed.
   bool pre_rope_keys = false;

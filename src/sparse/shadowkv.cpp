@@ -68,6 +68,7 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
 
   AlgorithmTraits traits() const override {
     return {.placement = Placement::Offload,
+            .max_unbudgeted_pages = outliers_,  // outlier chunks are selected outside the budget
             .pre_rope_keys = true,
             .window_tokens = 4 * page_size_};  // 4 recent chunks
   }

@@ -200,6 +200,42 @@ TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
   expect_idle(engine, idle);
 }
 
+// Every registered algorithm under a device tier far smaller than its requests' contexts: the
+// scheduler admits by demand(), so what the store holds must never exceed what was reserved, and
+// the store must never run out inside a step (ShadowKV's outlier chunks and RetroInfer's pending
+// decode pages are selected outside the budget and must be counted).
+TEST(EngineSparse, DemandBoundsTheDeviceWorkingSetOfEveryAlgorithm) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  constexpr int64_t kContext = 384;
+  constexpr int kRequests = 6;
+  for (const std::string& name : sparse::AlgorithmRegistry::global().names()) {
+    if (name.rfind("test-", 0) == 0) continue;  // this file's deliberately unbounded algorithm
+    SCOPED_TRACE(name);
+    PagedStoreConfig paged = store(streams * 2 * (kContext / 16), streams * 20 * (kContext / 16), kRequests, 0.0);
+    paged.max_context = kContext;
+    EngineConfig config = engine_config(kRequests);
+    config.max_model_len = kContext;
+    Engine engine(tiny().model, nullptr, config, make_paged_attention_factory(shape, paged));
+    AttentionSettings attention;
+    attention.algorithm = name;
+    attention.budget = 32;
+    attention.first_dense_layers = 0;
+    std::mt19937 rng(31);
+    Collector c;
+    std::vector<uint64_t> ids;
+    for (int i = 0; i < kRequests; ++i) {
+      ids.push_back(engine.add_request(random_prompt(rng, 150 + 30 * i), greedy(80, attention), c.callback()));
+    }
+    run_to_end(engine);
+    EXPECT_EQ(engine.metrics().kv_store_exhausted_total, 0u);
+    for (uint64_t id : ids) {
+      EXPECT_EQ(c.finish[id], "length") << "request " << id;
+      EXPECT_EQ(c.ids[id].size(), 80u) << "request " << id;
+    }
+  }
+}
+
 TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {
   const AttentionShape shape = tiny().model.attention_shape();
   const int64_t streams = shape.n_layers * shape.n_kv_heads;
