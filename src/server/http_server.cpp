@@ -403,17 +403,21 @@ void HttpServer::install_routes() {
         // Nothing is written until the end, so the socket itself is watched for the client leaving.
         const int socket_fd = connection_socket(req);
         if (socket_fd < 0) spdlog::warn("{} {}: connection socket not found; a disconnect is seen only at the end", req.path, id);
+        constexpr auto kSocketCheck = std::chrono::milliseconds(100);
+        auto next_check = std::chrono::steady_clock::now() + kSocketCheck;
         while (n_finished < n) {
-          auto item = choices->queue.pop(std::chrono::milliseconds(100));
-          if (!item) {
-            if (socket_fd >= 0 && peer_closed(socket_fd)) {
+          auto item = choices->queue.pop(kSocketCheck);
+          // Outputs may keep arriving faster than the check interval: check by the clock.
+          if (socket_fd >= 0 && std::chrono::steady_clock::now() >= next_check) {
+            next_check = std::chrono::steady_clock::now() + kSocketCheck;
+            if (peer_closed(socket_fd)) {
               choices->abort_unfinished(engine);
               spdlog::info("{} {} prompt={} client disconnected after {} tokens: aborted", req.path, id, n_prompt,
                            choices->total_completion_tokens());
               return send_error(res, 499, "client_closed_request", "the client closed the connection");
             }
-            continue;
           }
+          if (!item) continue;
           auto& [i, out] = *item;
           results[i].text += out.text;
           logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(), out.logprobs.end());
