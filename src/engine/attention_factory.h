@@ -36,6 +36,11 @@ struct KvDemand {
 };
 KvDemand max_of(const KvDemand& a, const KvDemand& b);
 
+struct KvCacheCounts {
+  uint64_t hits = 0;    // selected pages already on the device
+  uint64_t misses = 0;  // selected pages fetched from the host tier
+};
+
 // What a paged store holds right now (from the KV manager's pools and counters).
 struct KvStoreUsage {
   int64_t device_pages_used = 0;
@@ -80,6 +85,17 @@ class AttentionFactory {
   virtual bool single_token_is_decode(const AttentionSettings&) const { return false; }
   // The paged store's pools and counters, if the factory has one.
   virtual std::optional<KvStoreUsage> usage() const { return std::nullopt; }
+
+  // Elastic KV buffer: device pages a decoding request keeps for reuse beyond the working set
+  // that demand() counts, sized by the scheduler per request between 0 and max_buffer_pages, in
+  // pages per buffered stream (one (layer, KV head) whose selection is retrieved). A buffer of b
+  // pages holds up to buffer_streams * b device pages. Defaults: no buffer.
+  virtual int64_t buffer_streams(const AttentionSettings&) const { return 0; }
+  virtual int64_t max_buffer_pages(const AttentionSettings&, int64_t /*max_tokens*/) const { return 0; }
+  // Resizes the buffer of a sequence create() made; shrinking frees the pages at once.
+  virtual void set_buffer_pages(SequenceKv&, int64_t /*pages*/) {}
+  // Device-tier hits and misses of one sequence's retrieves so far (paged stores).
+  virtual std::optional<KvCacheCounts> cache_counts(const SequenceKv&) const { return std::nullopt; }
 };
 
 // Dense attention over a contiguous buffer per sequence (model/contiguous_attention.h).

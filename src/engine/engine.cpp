@@ -26,6 +26,10 @@ struct Engine::Request {
   int64_t computed = 0;   // tokens whose KV is stored
   KvDemand kv_reserved;  // KV reserved in the engine's accounting
   KvDemand kv_settled;   // what it holds once this step's forward is done
+  bool decoding = false; // the reservation is a decode working set (and holds the buffer)
+  int64_t buffer_pages = 0;      // elastic buffer, pages per buffered stream
+  int64_t max_buffer_pages = 0;  // the factory's largest useful buffer for this request
+  int64_t buffer_streams = 0;
   int64_t n_sampled = 0;
   clock::time_point arrival;
   clock::time_point last_token;
@@ -142,7 +146,12 @@ void Engine::check_request(std::span<const int32_t> prompt, const RequestParams&
   // The request must fit the stores alone at its largest (prefill after a preemption, and decode).
   const int64_t max_len = n_prompt + params.max_tokens;
   for (bool decoding : {false, true}) {
-    const KvDemand need = factory_->demand(params.attention, max_len, max_len, decoding, config_.kv_block_tokens);
+    KvDemand need = factory_->demand(params.attention, max_len, max_len, decoding, config_.kv_block_tokens);
+    // Without elasticity a decoding request always holds its largest buffer.
+    if (decoding && !config_.elastic_kv_buffers) {
+      need.device_pages += factory_->buffer_streams(params.attention) *
+                           factory_->max_buffer_pages(params.attention, max_len);
+    }
     SPIN_CHECK(need.fits_within(kv_capacity_),
                "the request needs up to {} KV blocks, {} device pages and {} host pages for {} tokens "
                "but the KV store holds {} blocks, {} device pages and {} host pages",
@@ -222,11 +231,19 @@ void Engine::take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>
   }
 }
 
+// What the request holds after storing `tokens` tokens: the factory's demand, and while
+// decoding its buffer.
+KvDemand Engine::kv_after(const Request& r, int64_t tokens, bool decoding) const {
+  KvDemand after = factory_->demand(r.params.attention, tokens, r.max_len, decoding, config_.kv_block_tokens);
+  if (decoding) after.device_pages += r.buffer_streams * r.buffer_pages;
+  return after;
+}
+
 // Reserves what the request holds after storing `tokens` tokens. A request's KV may shrink within
 // the step (a paged prefill ends and offloads), but other requests of the same step may allocate
 // before that: the larger of before and after stays reserved until settle_kv after the forward.
 bool Engine::reserve_kv(Request& r, int64_t tokens, bool decoding) {
-  const KvDemand after = factory_->demand(r.params.attention, tokens, r.max_len, decoding, config_.kv_block_tokens);
+  const KvDemand after = kv_after(r, tokens, decoding);
   const KvDemand during = max_of(r.kv_reserved, after);
   KvDemand used = kv_used_;
   used -= r.kv_reserved;
@@ -235,6 +252,7 @@ bool Engine::reserve_kv(Request& r, int64_t tokens, bool decoding) {
   kv_used_ = used;
   r.kv_reserved = during;
   r.kv_settled = after;
+  r.decoding = decoding;
   return true;
 }
 
@@ -250,6 +268,90 @@ void Engine::free_kv(Request& r) {
   r.kv_settled = {};
   r.kv.reset();
   r.computed = 0;
+  r.decoding = false;
+  r.buffer_pages = 0;
+}
+
+// Sets the request's buffer; its reservation follows at once (a decoding one holds it), and the
+// store evicts at once when it shrinks.
+void Engine::resize_buffer(Request& r, int64_t pages) {
+  if (pages == r.buffer_pages) return;
+  if (r.decoding) {
+    const KvDemand delta{.device_pages = r.buffer_streams * (pages - r.buffer_pages)};
+    kv_used_ += delta;
+    r.kv_reserved += delta;
+    r.kv_settled += delta;
+  }
+  r.buffer_pages = pages;
+  if (r.kv) factory_->set_buffer_pages(*r.kv, pages);
+}
+
+// Shrinks running requests' buffers so that reserve_kv(r, tokens, decoding) fits, when device
+// pages are all it lacks. False (nothing changed) when the buffers cannot free enough.
+bool Engine::make_room(Request& r, int64_t tokens, bool decoding) {
+  if (!config_.elastic_kv_buffers) return false;
+  KvDemand used = kv_used_;
+  used -= r.kv_reserved;
+  used += max_of(r.kv_reserved, kv_after(r, tokens, decoding));
+  if (used.blocks > kv_capacity_.blocks || used.host_pages > kv_capacity_.host_pages) return false;
+  const int64_t short_pages = used.device_pages - kv_capacity_.device_pages;
+  return short_pages > 0 && shrink_buffers(short_pages);
+}
+
+// Frees `device_pages` pages of the running requests' buffers, the largest first: every buffer
+// above a common level comes down to it, at the highest level that frees enough. False (nothing
+// changed) when all buffers together hold fewer.
+bool Engine::shrink_buffers(int64_t device_pages) {
+  const auto freed_at = [&](int64_t level) {
+    int64_t freed = 0;
+    for (const Request* r : running_) {
+      if (r->decoding) freed += r->buffer_streams * std::max<int64_t>(r->buffer_pages - level, 0);
+    }
+    return freed;
+  };
+  if (freed_at(0) < device_pages) return false;
+  int64_t low = 0, high = 0;
+  for (const Request* r : running_) high = std::max(high, r->buffer_pages);
+  while (low < high) {
+    const int64_t mid = (low + high + 1) / 2;
+    if (freed_at(mid) >= device_pages) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  for (Request* r : running_) {
+    if (r->decoding && r->buffer_pages > low) resize_buffer(*r, low);
+  }
+  return true;
+}
+
+// Gives the free device pages to decoding requests' buffers, the smallest first (up to a common
+// level), each up to its largest useful buffer.
+void Engine::grow_buffers() {
+  const int64_t free_pages = kv_capacity_.device_pages - kv_used_.device_pages;
+  const auto cost_at = [&](int64_t level) {
+    int64_t cost = 0;
+    for (const Request* r : running_) {
+      if (r->decoding) cost += r->buffer_streams * std::max<int64_t>(std::min(level, r->max_buffer_pages) - r->buffer_pages, 0);
+    }
+    return cost;
+  };
+  int64_t low = 0, high = 0;
+  for (const Request* r : running_) {
+    if (r->decoding) high = std::max(high, r->max_buffer_pages);
+  }
+  while (low < high) {
+    const int64_t mid = (low + high + 1) / 2;
+    if (cost_at(mid) <= free_pages) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  for (Request* r : running_) {
+    if (r->decoding && std::min(low, r->max_buffer_pages) > r->buffer_pages) resize_buffer(*r, std::min(low, r->max_buffer_pages));
+  }
 }
 
 void Engine::preempt(Request& r) {
@@ -265,6 +367,12 @@ void Engine::preempt(Request& r) {
 
 // Removes the request from the schedule, frees its KV, and fills the final output.
 void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
+  if (r.kv) {
+    if (const std::optional<KvCacheCounts> counts = factory_->cache_counts(*r.kv)) {
+      out.kv_hits = counts->hits;
+      out.kv_misses = counts->misses;
+    }
+  }
   free_kv(r);
   if (auto it = std::find(running_.begin(), running_.end(), &r); it != running_.end()) running_.erase(it);
   if (auto it = std::find(waiting_.begin(), waiting_.end(), &r); it != waiting_.end()) waiting_.erase(it);
@@ -352,6 +460,7 @@ StepReport Engine::step() {
     const bool decoding = n == 1 && r->computed > 0;
     bool preempted_self = false;
     while (!reserve_kv(*r, r->computed + n, decoding)) {
+      if (make_room(*r, r->computed + n, decoding)) continue;
       Request* victim = running_.back();
       // Never take back what this step already scheduled.
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
@@ -376,12 +485,21 @@ StepReport Engine::step() {
 
   // 2. Admit waiting requests strictly in arrival order (no overtaking, so none starves), unless
   //    this step had to preempt: memory is short, admitting now would only thrash.
+  //    Running requests' buffers shrink to make room; a request that does not fit even so waits,
+  //    and the buffers do not grow into the pages it waits for.
+  bool kv_blocked = false;
   while (report.preempted == 0 && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()), budget);
-    if (!reserve_kv(*r, n, false)) break;
+    if (!reserve_kv(*r, n, false) && !(make_room(*r, n, false) && reserve_kv(*r, n, false))) {
+      kv_blocked = true;
+      break;
+    }
     r->kv = factory_->create(r->params.attention, r->max_len);
+    r->buffer_streams = factory_->buffer_streams(r->params.attention);
+    r->max_buffer_pages = factory_->max_buffer_pages(r->params.attention, r->max_len);
+    resize_buffer(*r, config_.elastic_kv_buffers ? 0 : r->max_buffer_pages);
     waiting_.pop_front();
     running_.insert(std::lower_bound(running_.begin(), running_.end(), r,
                                      [](const Request* a, const Request* b) { return a->id < b->id; }),
@@ -445,6 +563,7 @@ StepReport Engine::step() {
       }
     }
   }
+  if (config_.elastic_kv_buffers && !kv_blocked) grow_buffers();
   update_gauges();
   // Callbacks run without any engine lock held, so they may call abort() or add_request().
   for (auto& [callback, out] : outputs) {
@@ -460,6 +579,10 @@ void Engine::update_gauges() {
   metrics_.kv_tokens_used = kv_used_.blocks * config_.kv_block_tokens;
   metrics_.kv_device_pages_reserved = kv_used_.device_pages;
   metrics_.kv_host_pages_reserved = kv_used_.host_pages;
+  metrics_.kv_buffer_pages_reserved = 0;
+  for (const Request* r : running_) {
+    if (r->decoding) metrics_.kv_buffer_pages_reserved += r->buffer_streams * r->buffer_pages;
+  }
   metrics_.kv_store = factory_->usage();
   ++metrics_.steps_total;
 }

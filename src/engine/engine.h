@@ -40,6 +40,10 @@ struct EngineConfig {
   int64_t kv_token_budget = 0;
   int64_t kv_block_tokens = 16;          // accounting granularity (a page)
   int64_t max_waiting = 256;             // add_request refuses more queued requests (overload)
+  // Paged stores: grow decoding requests' KV buffers into free device pages and shrink them (down
+  // to the working set) to admit or grow a request. false: each keeps the factory's largest
+  // buffer from admission on.
+  bool elastic_kv_buffers = true;
   int threads = 0;                       // CPU threads of the loop thread's kernels; 0 = default
 };
 
@@ -73,6 +77,10 @@ struct RequestOutput {
   std::string error;               // message when finish_reason is "error"
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;   // tokens sampled so far
+  // Final output of a paged request: device-tier hits and misses of its retrieves (since its
+  // last admission; a recomputed request starts again).
+  uint64_t kv_hits = 0;
+  uint64_t kv_misses = 0;
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
@@ -184,7 +192,13 @@ class Engine {
   void check_request(std::span<const int32_t> prompt, const RequestParams& params) const;
   void take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs);
   bool reserve_kv(Request& r, int64_t tokens, bool decoding);
+  KvDemand kv_after(const Request& r, int64_t tokens, bool decoding) const;
   void settle_kv(Request& r);
+  // Elastic buffers (EngineConfig::elastic_kv_buffers).
+  void resize_buffer(Request& r, int64_t pages);
+  bool make_room(Request& r, int64_t tokens, bool decoding);
+  bool shrink_buffers(int64_t device_pages);
+  void grow_buffers();
   void free_kv(Request& r);
   void preempt(Request& r);
   void finish(Request& r, const std::string& reason, RequestOutput& out);

@@ -37,6 +37,7 @@ struct EngineMetrics {
   int64_t kv_tokens_capacity = 0;  // the KV-token budget
   int64_t kv_device_pages_reserved = 0;  // paged store: device pages the scheduler reserved
   int64_t kv_host_pages_reserved = 0;    // paged store: host pages the scheduler reserved
+  int64_t kv_buffer_pages_reserved = 0;  // paged store: of the device pages, those of elastic buffers
   std::optional<KvStoreUsage> kv_store;  // the paged store's pools and counters, if any
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;

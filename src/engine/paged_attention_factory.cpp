@@ -82,9 +82,7 @@ class PagedAttentionFactory final : public AttentionFactory {
     SPIN_CHECK(max_tokens > 0 && max_tokens <= kv_->config().max_context,
                "attention capacity {} outside 1..{}", max_tokens, kv_->config().max_context);
     const sparse::SparseSettings sparse_settings = to_sparse(settings);
-    auto attention = std::make_unique<sparse::PagedSparseAttention>(*kv_, *memory_, shape_, sparse_settings);
-    kv_->set_buffer_pages(attention->request(), buffer_pages(attention->settings(), max_tokens));
-    return attention;
+    return std::make_unique<sparse::PagedSparseAttention>(*kv_, *memory_, shape_, sparse_settings);
   }
 
   KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens, bool decoding,
@@ -93,10 +91,9 @@ class PagedAttentionFactory final : public AttentionFactory {
       return AttentionFactory::demand(settings, tokens, max_tokens, decoding, block_tokens);
     }
     const sparse::ResolvedSettings r = resolve(settings);
-    const kv::KvConfig& store = kv_->config();
     const int64_t heads = shape_.n_kv_heads;
     const int64_t streams = shape_.n_layers * heads;
-    const int64_t pages = store.layout.pages_for_tokens(static_cast<uint64_t>(tokens));
+    const int64_t pages = kv_->config().layout.pages_for_tokens(static_cast<uint64_t>(tokens));
     KvDemand d;
     // Prefill runs on the device over every page; Device placement never leaves it.
     if (!decoding || r.traits.placement == sparse::Placement::Device) {
@@ -104,26 +101,18 @@ class PagedAttentionFactory final : public AttentionFactory {
       return d;
     }
     d.host_pages = streams * pages;
-    // Always resident: sinks, window, the page being written, and one page that just slid out
-    // of the window (evicted at the next retrieve).
-    const int64_t always = std::max(store.sink_pages, r.sink_pages) + std::max(store.window_pages, r.window_pages) + 2;
     if (r.traits.placement == sparse::Placement::Stream) {
       // Every layer keeps its always-resident pages; one layer at a time holds all of its pages.
-      d.device_pages = streams * std::min(pages, always) + heads * pages;
+      d.device_pages = streams * std::min(pages, always_resident_pages(r)) + heads * pages;
       return d;
     }
     if (unbounded(settings.algorithm)) {
       d.device_pages = streams * pages;
       return d;
     }
-    // The selection: the budget plus the pages the algorithm declares it may add outside it. An
-    // algorithm that adds more than it declares is caught by store_exhausted and admitted by its
-    // whole context from then on.
-    const int64_t selected = int64_t{r.budget_pages(static_cast<uint32_t>(tokens))} + r.traits.max_unbudgeted_pages;
-    const int64_t per_sparse_stream =
-        std::min<int64_t>(pages, always + selected + buffer_pages(r, max_tokens));
     const int64_t dense_layers = std::min<int64_t>(r.first_dense_layers, shape_.n_layers);
-    d.device_pages = dense_layers * heads * pages + (shape_.n_layers - dense_layers) * heads * per_sparse_stream;
+    d.device_pages = dense_layers * heads * pages +
+                     (shape_.n_layers - dense_layers) * heads * std::min(pages, working_set_pages(r, tokens));
     return d;
   }
 
@@ -139,6 +128,37 @@ class PagedAttentionFactory final : public AttentionFactory {
 
   bool single_token_is_decode(const AttentionSettings& settings) const override {
     return settings.algorithm != "dense";
+  }
+
+  int64_t buffer_streams(const AttentionSettings& settings) const override {
+    if (settings.algorithm == "dense") return 0;
+    const sparse::ResolvedSettings r = resolve(settings);
+    if (r.traits.placement != sparse::Placement::Offload) return 0;
+    return (shape_.n_layers - std::min<int64_t>(r.first_dense_layers, shape_.n_layers)) * shape_.n_kv_heads;
+  }
+
+  // The configured multiple of the budget, and never more than the pages the working set leaves
+  // out at the request's largest context (a larger buffer would have nothing to keep).
+  int64_t max_buffer_pages(const AttentionSettings& settings, int64_t max_tokens) const override {
+    if (buffer_streams(settings) == 0) return 0;
+    const sparse::ResolvedSettings r = resolve(settings);
+    const int64_t pages = kv_->config().layout.pages_for_tokens(static_cast<uint64_t>(max_tokens));
+    const auto wanted = static_cast<int64_t>(buffer_factor_ * r.budget_pages(static_cast<uint32_t>(max_tokens)));
+    return std::clamp<int64_t>(pages - working_set_pages(r, max_tokens), 0, wanted);
+  }
+
+  void set_buffer_pages(SequenceKv& kv, int64_t pages) override {
+    auto* paged = dynamic_cast<sparse::PagedSparseAttention*>(&kv);
+    if (paged == nullptr) return;
+    SPIN_CHECK(pages >= 0 && pages <= kv_->config().max_context, "buffer of {} pages out of range", pages);
+    kv_->set_buffer_pages(paged->request(), static_cast<uint32_t>(pages));
+  }
+
+  std::optional<KvCacheCounts> cache_counts(const SequenceKv& kv) const override {
+    const auto* paged = dynamic_cast<const sparse::PagedSparseAttention*>(&kv);
+    if (paged == nullptr) return std::nullopt;
+    const kv::KvCounters& c = kv_->counters(paged->request());
+    return KvCacheCounts{c.hits, c.misses};
   }
 
   std::optional<KvStoreUsage> usage() const override {
@@ -176,10 +196,19 @@ class PagedAttentionFactory final : public AttentionFactory {
     return unbounded_.count(algorithm) > 0;
   }
 
-  uint32_t buffer_pages(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
-    if (r.traits.placement != sparse::Placement::Offload) return 0;
-    const double pages = buffer_factor_ * r.budget_pages(static_cast<uint32_t>(max_tokens));
-    return static_cast<uint32_t>(std::min<double>(pages, kv_->config().layout.pages_for_tokens(max_tokens)));
+  // Sinks, window, the page being written, and one page that just slid out of the window
+  // (evicted at the next retrieve): resident in every stream of an offloaded request.
+  int64_t always_resident_pages(const sparse::ResolvedSettings& r) const {
+    const kv::KvConfig& store = kv_->config();
+    return int64_t{std::max(store.sink_pages, r.sink_pages)} + std::max(store.window_pages, r.window_pages) + 2;
+  }
+
+  // Device pages one sparse stream holds at a decode step with `tokens` in context, before the
+  // cap of the context's pages: the always-resident pages, the budget, and the pages the
+  // algorithm declares it selects outside the budget. An algorithm that adds more than it
+  // declares is caught by store_exhausted and admitted by its whole context from then on.
+  int64_t working_set_pages(const sparse::ResolvedSettings& r, int64_t tokens) const {
+    return always_resident_pages(r) + r.budget_pages(static_cast<uint32_t>(tokens)) + r.traits.max_unbudgeted_pages;
   }
 
   AttentionShape shape_;

@@ -17,8 +17,9 @@ struct PagedStoreConfig {
   int64_t host_pages = 0;        // host-tier pages
   int64_t max_batch = 1;         // requests in the store at once (the engine's max_num_seqs)
   int64_t max_context = 0;       // tokens per request (the engine's max_model_len)
-  // Buffer pages per (layer, KV head) kept for reuse, as a multiple of the selection budget.
-  double buffer_factor = 1.0;
+  // The largest elastic buffer per (layer, KV head), as a multiple of the selection budget: pages
+  // kept for reuse that the scheduler grants while device pages are free (SPEC: up to 5x).
+  double buffer_factor = 5.0;
 };
 
 std::unique_ptr<AttentionFactory> make_paged_attention_factory(const AttentionShape& shape,

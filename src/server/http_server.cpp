@@ -537,6 +537,8 @@ std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
         static_cast<double>(m.kv_device_pages_reserved));
   gauge(out, "spin_kv_host_pages_reserved", "Paged KV store: host pages the scheduler reserved",
         static_cast<double>(m.kv_host_pages_reserved));
+  gauge(out, "spin_kv_buffer_pages_reserved", "Paged KV store: reserved device pages of elastic buffers",
+        static_cast<double>(m.kv_buffer_pages_reserved));
   if (const auto& kv = m.kv_store) {
     gauge(out, "spin_kv_device_pages_used", "Paged KV store: device-tier pages in use",
           static_cast<double>(kv->device_pages_used));

@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
@@ -233,6 +234,120 @@ TEST(EngineSparse, DemandBoundsTheDeviceWorkingSetOfEveryAlgorithm) {
       EXPECT_EQ(c.finish[id], "length") << "request " << id;
       EXPECT_EQ(c.ids[id].size(), 80u) << "request " << id;
     }
+  }
+}
+
+// Elastic buffers. Quest with a 32-token budget selects 3 pages (its minimum) and keeps a working
+// set of 8 pages per stream (sink, 2 window pages, the page being written, one sliding out, 3
+// selected), and a buffer of at most 5x the budget and the pages the working set leaves out.
+// Whole prompts are prefilled in one chunk, so each admission reserves its prefill at once and no
+// request is preempted (a recomputed sparse request would not reproduce its decode KV exactly).
+struct ElasticRun {
+  std::vector<std::vector<int32_t>> outputs;  // per prompt
+  std::vector<RequestOutput> finals;
+};
+
+constexpr int64_t kElasticContext = 320;
+
+ElasticRun run_quest_requests(const std::vector<std::vector<int32_t>>& prompts, int64_t device_pages, bool elastic) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  const auto n = static_cast<int64_t>(prompts.size());
+  PagedStoreConfig paged = store(device_pages, streams * 40 * (kElasticContext / 16), n, 5.0);
+  paged.max_context = kElasticContext;
+  EngineConfig config = engine_config(n);
+  config.max_model_len = kElasticContext;
+  config.max_num_batched_tokens = 512;
+  config.elastic_kv_buffers = elastic;
+  Engine engine(tiny().model, nullptr, config, make_paged_attention_factory(shape, paged));
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (const auto& prompt : prompts) ids.push_back(engine.add_request(prompt, greedy(100, quest(32)), c.callback()));
+  run_to_end(engine);
+  EXPECT_EQ(engine.metrics().preemptions_total, 0u);
+  ElasticRun run;
+  for (uint64_t id : ids) {
+    EXPECT_EQ(c.finish[id], "length") << "request " << id;
+    run.outputs.push_back(c.ids[id]);
+    run.finals.push_back(c.last[id]);
+  }
+  return run;
+}
+
+double hit_rate(const RequestOutput& out) {
+  return static_cast<double>(out.kv_hits) / static_cast<double>(out.kv_hits + out.kv_misses);
+}
+
+TEST(EngineSparse, ElasticBufferRaisesTheHitRateAloneAndKeepsOutputs) {
+  const int64_t streams = tiny().model.attention_shape().n_layers * tiny().model.attention_shape().n_kv_heads;
+  std::mt19937 rng(41);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, 200));
+  // Crowded: 8 requests' working sets (32 pages each) and little more, so the buffers stay small.
+  const ElasticRun crowded = run_quest_requests(prompts, streams * 70, true);
+  // Alone: room for the buffer to grow to its largest. Fixed: the largest buffer from the start.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const ElasticRun alone = run_quest_requests({prompts[i]}, streams * 40, true);
+    const ElasticRun fixed = run_quest_requests({prompts[i]}, streams * 40, false);
+    // Greedy outputs do not depend on what stays resident.
+    EXPECT_EQ(crowded.outputs[i], fixed.outputs[0]) << "request " << i;
+    EXPECT_EQ(alone.outputs[0], fixed.outputs[0]) << "request " << i;
+    EXPECT_EQ(alone.finals[0].kv_hits + alone.finals[0].kv_misses,
+              crowded.finals[i].kv_hits + crowded.finals[i].kv_misses) << "the same pages are retrieved";
+    if (i == 0) {
+      const double rate_alone = hit_rate(alone.finals[0]), rate_crowded = hit_rate(crowded.finals[0]);
+      EXPECT_GT(rate_alone, rate_crowded + 0.05) << "alone " << rate_alone << ", crowded " << rate_crowded;
+      EXPECT_GE(hit_rate(fixed.finals[0]) + 1e-9, rate_alone);
+    }
+  }
+}
+
+TEST(EngineSparse, AdmissionShrinksARunningRequestsBuffer) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  PagedStoreConfig paged = store(100, streams * 40 * (kElasticContext / 16), 2, 5.0);
+  paged.max_context = kElasticContext;
+  EngineConfig config = engine_config(2);
+  config.max_model_len = kElasticContext;
+  config.max_num_batched_tokens = 512;  // a whole prompt in one chunk: admission takes its prefill at once
+  Engine engine(tiny().model, nullptr, config, make_paged_attention_factory(shape, paged));
+  std::mt19937 rng(43);
+  const std::vector<int32_t> first = random_prompt(rng, 200), second = random_prompt(rng, 150);
+  Collector c;
+  const uint64_t a = engine.add_request(first, greedy(60, quest(32)), c.callback());
+  engine.step();  // prefill: 13 pages per stream on the device
+  // The first decode step offloads: 8 working-set pages per stream stay, and the buffer grows to
+  // its largest, the 17 pages of 260 tokens less the working set.
+  engine.step();
+  EngineMetrics m = engine.metrics();
+  EXPECT_EQ(m.kv_buffer_pages_reserved, streams * 9);
+  EXPECT_EQ(m.kv_device_pages_reserved, streams * (8 + 9));
+  // The second prefill needs 10 pages per stream; 100 - 68 = 32 are free, so 8 more come out of
+  // the buffer (down to 7 pages per stream), and nothing is preempted.
+  const uint64_t b = engine.add_request(second, greedy(20, quest(32)), c.callback());
+  const StepReport admitted = engine.step();
+  ASSERT_EQ(admitted.chunks.size(), 2u);
+  EXPECT_EQ(admitted.chunks[0].request_id, a);
+  EXPECT_EQ(admitted.chunks[1].request_id, b);
+  EXPECT_EQ(admitted.chunks[1].n_tokens, 150);
+  EXPECT_EQ(admitted.preempted, 0);
+  m = engine.metrics();
+  EXPECT_EQ(m.kv_buffer_pages_reserved, streams * 7);
+  EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
+  run_to_end(engine);
+  EXPECT_EQ(engine.metrics().preemptions_total, 0u);
+
+  // The outputs are those of the same requests without elasticity, each alone.
+  for (const auto& [prompt, tokens, id] : {std::tuple{first, 60, a}, std::tuple{second, 20, b}}) {
+    EngineConfig fixed_config = config;
+    fixed_config.elastic_kv_buffers = false;
+    PagedStoreConfig big = paged;
+    big.device_pages = streams * 40;
+    Engine fixed(tiny().model, nullptr, fixed_config, make_paged_attention_factory(shape, big));
+    Collector alone;
+    const uint64_t only = fixed.add_request(prompt, greedy(tokens, quest(32)), alone.callback());
+    run_to_end(fixed);
+    EXPECT_EQ(c.ids[id], alone.ids[only]) << "request " << id;
   }
 }
 
