@@ -13,6 +13,7 @@ KvDemand& KvDemand::operator+=(const KvDemand& o) {
   blocks += o.blocks;
   device_pages += o.device_pages;
   host_pages += o.host_pages;
+  slots += o.slots;
   return *this;
 }
 
@@ -20,17 +21,22 @@ KvDemand& KvDemand::operator-=(const KvDemand& o) {
   blocks -= o.blocks;
   device_pages -= o.device_pages;
   host_pages -= o.host_pages;
+  slots -= o.slots;
   return *this;
 }
 
 bool KvDemand::fits_within(const KvDemand& c) const {
-  return blocks <= c.blocks && device_pages <= c.device_pages && host_pages <= c.host_pages;
+  return blocks <= c.blocks && device_pages <= c.device_pages && host_pages <= c.host_pages && slots <= c.slots;
 }
 
 KvDemand max_of(const KvDemand& a, const KvDemand& b) {
   return {std::max(a.blocks, b.blocks), std::max(a.device_pages, b.device_pages),
-          std::max(a.host_pages, b.host_pages)};
+          std::max(a.host_pages, b.host_pages), std::max(a.slots, b.slots)};
 }
+
+void AttentionFactory::swap_out(SequenceKv&) { fail("this attention store cannot swap sequences out"); }
+
+void AttentionFactory::swap_in(SequenceKv&) { fail("this attention store cannot swap sequences in"); }
 
 void AttentionFactory::validate(const AttentionSettings& settings) const {
   const std::vector<std::string> known = algorithms();

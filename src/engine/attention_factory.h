@@ -29,6 +29,7 @@ struct KvDemand {
   int64_t blocks = 0;        // contiguous store: blocks of the engine's KV-token budget
   int64_t device_pages = 0;  // paged store: device-tier pages (page_size tokens of one layer x KV head)
   int64_t host_pages = 0;    // paged store: host-tier pages
+  int64_t slots = 0;         // paged store: request slots (a swapped-out request keeps its own)
   KvDemand& operator+=(const KvDemand& o);
   KvDemand& operator-=(const KvDemand& o);
   bool fits_within(const KvDemand& capacity) const;  // every component <= capacity's
@@ -96,6 +97,14 @@ class AttentionFactory {
   virtual void set_buffer_pages(SequenceKv&, int64_t /*pages*/) {}
   // Device-tier hits and misses of one sequence's retrieves so far (paged stores).
   virtual std::optional<KvCacheCounts> cache_counts(const SequenceKv&) const { return std::nullopt; }
+
+  // Preemption by swap: a sequence whose whole KV is in the host tier (a paged sequence past its
+  // prefill, written through) gives back its device pages (swap_out) and later gets its
+  // always-resident pages back (swap_in) and goes on without recompute. While swapped out it
+  // holds demand(..., decoding = true) without the device pages.
+  virtual bool can_swap(const SequenceKv&) const { return false; }
+  virtual void swap_out(SequenceKv&);
+  virtual void swap_in(SequenceKv&);
 };
 
 // Dense attention over a contiguous buffer per sequence (model/contiguous_attention.h).

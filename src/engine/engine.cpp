@@ -27,6 +27,7 @@ struct Engine::Request {
   KvDemand kv_reserved;  // KV reserved in the engine's accounting
   KvDemand kv_settled;   // what it holds once this step's forward is done
   bool decoding = false; // the reservation is a decode working set (and holds the buffer)
+  bool swapped = false;  // preempted by swap: waiting with its KV in the host tier
   int64_t buffer_pages = 0;      // elastic buffer, pages per buffered stream
   int64_t max_buffer_pages = 0;  // the factory's largest useful buffer for this request
   int64_t buffer_streams = 0;
@@ -269,6 +270,7 @@ void Engine::free_kv(Request& r) {
   r.kv.reset();
   r.computed = 0;
   r.decoding = false;
+  r.swapped = false;
   r.buffer_pages = 0;
 }
 
@@ -286,16 +288,22 @@ void Engine::resize_buffer(Request& r, int64_t pages) {
   if (r.kv) factory_->set_buffer_pages(*r.kv, pages);
 }
 
+// What reserve_kv(r, tokens, decoding) lacks, per component (0 where it fits).
+KvDemand Engine::shortfall(const Request& r, int64_t tokens, bool decoding) const {
+  KvDemand used = kv_used_;
+  used -= r.kv_reserved;
+  used += max_of(r.kv_reserved, kv_after(r, tokens, decoding));
+  used -= kv_capacity_;
+  return max_of(used, KvDemand{});
+}
+
 // Shrinks running requests' buffers so that reserve_kv(r, tokens, decoding) fits, when device
 // pages are all it lacks. False (nothing changed) when the buffers cannot free enough.
 bool Engine::make_room(Request& r, int64_t tokens, bool decoding) {
   if (!config_.elastic_kv_buffers) return false;
-  KvDemand used = kv_used_;
-  used -= r.kv_reserved;
-  used += max_of(r.kv_reserved, kv_after(r, tokens, decoding));
-  if (used.blocks > kv_capacity_.blocks || used.host_pages > kv_capacity_.host_pages) return false;
-  const int64_t short_pages = used.device_pages - kv_capacity_.device_pages;
-  return short_pages > 0 && shrink_buffers(short_pages);
+  const KvDemand lack = shortfall(r, tokens, decoding);
+  if (lack.device_pages == 0 || !(KvDemand{.device_pages = lack.device_pages} == lack)) return false;
+  return shrink_buffers(lack.device_pages);
 }
 
 // Frees `device_pages` pages of the running requests' buffers, the largest first: every buffer
@@ -354,15 +362,41 @@ void Engine::grow_buffers() {
   }
 }
 
-void Engine::preempt(Request& r) {
-  // Recompute later: drop the KV, keep the tokens (prompt and everything sampled so far).
-  free_kv(r);
+// Takes a running request back to the waiting queue, keeping its tokens (prompt and everything
+// sampled so far). By swap its KV stays in the host tier and only its device pages go back: it
+// resumes where it stopped. By recompute all of its KV goes back and it is prefilled again.
+void Engine::preempt(Request& r, bool swap) {
+  if (swap) {
+    factory_->swap_out(*r.kv);
+    KvDemand held = factory_->demand(r.params.attention, r.computed, r.max_len, true, config_.kv_block_tokens);
+    held.device_pages = 0;
+    kv_used_ -= r.kv_reserved;
+    kv_used_ += held;
+    r.kv_reserved = held;
+    r.kv_settled = held;
+    r.decoding = false;
+    if (config_.elastic_kv_buffers) resize_buffer(r, 0);
+    r.swapped = true;
+  } else {
+    free_kv(r);
+  }
   running_.erase(std::find(running_.begin(), running_.end(), &r));
   auto pos = std::lower_bound(waiting_.begin(), waiting_.end(), &r,
                               [](const Request* a, const Request* b) { return a->id < b->id; });
   waiting_.insert(pos, &r);
   std::lock_guard lock(metrics_mutex_);
-  ++metrics_.preemptions_total;
+  ++(swap ? metrics_.preemptions_swap : metrics_.preemptions_recompute);
+}
+
+// Host pages are short: the latest-arrived swapped-out request gives up its KV and will be
+// recomputed. False when none is swapped out.
+bool Engine::drop_swapped() {
+  const auto it = std::find_if(waiting_.rbegin(), waiting_.rend(), [](const Request* r) { return r->swapped; });
+  if (it == waiting_.rend()) return false;
+  free_kv(**it);
+  std::lock_guard lock(metrics_mutex_);
+  ++metrics_.preemptions_recompute;
+  return true;
 }
 
 // Removes the request from the schedule, frees its KV, and fills the final output.
@@ -443,7 +477,10 @@ StepReport Engine::step() {
   StepReport report;
 
   // 1. Running requests in arrival order: decode tokens, then the rest of partial prefills.
-  //    A request that cannot grow its KV preempts the latest-arrived running request.
+  //    A request that cannot grow its KV first shrinks buffers; then, when host pages are short,
+  //    swapped-out requests give theirs up; then it preempts the latest-arrived running request:
+  //    by swap when device pages are all that is short and that request's KV is in the host tier,
+  //    by recompute otherwise.
   std::vector<std::pair<Request*, int64_t>> scheduled;
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<Request*> order = running_;
@@ -461,6 +498,8 @@ StepReport Engine::step() {
     bool preempted_self = false;
     while (!reserve_kv(*r, r->computed + n, decoding)) {
       if (make_room(*r, r->computed + n, decoding)) continue;
+      const KvDemand lack = shortfall(*r, r->computed + n, decoding);
+      if (lack.host_pages > 0 && drop_swapped()) continue;
       Request* victim = running_.back();
       // Never take back what this step already scheduled.
       for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
@@ -471,7 +510,8 @@ StepReport Engine::step() {
           break;
         }
       }
-      preempt(*victim);
+      const bool device_only = KvDemand{.device_pages = lack.device_pages} == lack;
+      preempt(*victim, device_only && victim->decoding && factory_->can_swap(*victim->kv));
       ++report.preempted;
       if (victim == r) {
         preempted_self = true;
@@ -486,20 +526,28 @@ StepReport Engine::step() {
   // 2. Admit waiting requests strictly in arrival order (no overtaking, so none starves), unless
   //    this step had to preempt: memory is short, admitting now would only thrash.
   //    Running requests' buffers shrink to make room; a request that does not fit even so waits,
-  //    and the buffers do not grow into the pages it waits for.
+  //    and the buffers do not grow into the pages it waits for. A swapped-out request resumes
+  //    with its next decode token.
   bool kv_blocked = false;
   while (report.preempted == 0 && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()), budget);
-    if (!reserve_kv(*r, n, false) && !(make_room(*r, n, false) && reserve_kv(*r, n, false))) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
+    const bool resume = r->swapped;
+    const int64_t tokens = r->computed + n;
+    if (!reserve_kv(*r, tokens, resume) && !(make_room(*r, tokens, resume) && reserve_kv(*r, tokens, resume))) {
       kv_blocked = true;
       break;
     }
-    r->kv = factory_->create(r->params.attention, r->max_len);
-    r->buffer_streams = factory_->buffer_streams(r->params.attention);
-    r->max_buffer_pages = factory_->max_buffer_pages(r->params.attention, r->max_len);
-    resize_buffer(*r, config_.elastic_kv_buffers ? 0 : r->max_buffer_pages);
+    if (resume) {
+      factory_->swap_in(*r->kv);
+      r->swapped = false;
+    } else {
+      r->kv = factory_->create(r->params.attention, r->max_len);
+      r->buffer_streams = factory_->buffer_streams(r->params.attention);
+      r->max_buffer_pages = factory_->max_buffer_pages(r->params.attention, r->max_len);
+      resize_buffer(*r, config_.elastic_kv_buffers ? 0 : r->max_buffer_pages);
+    }
     waiting_.pop_front();
     running_.insert(std::lower_bound(running_.begin(), running_.end(), r,
                                      [](const Request* a, const Request* b) { return a->id < b->id; }),
@@ -535,7 +583,7 @@ StepReport Engine::step() {
       for (auto& [r, n] : scheduled) {
         factory_->store_exhausted(r->params.attention);
         if (scheduled.size() > 1) {
-          preempt(*r);
+          preempt(*r, false);
           ++report.preempted;
           continue;
         }

@@ -4,9 +4,11 @@
 // ones, first come first served) within a token budget, and runs them as ONE batched forward.
 // KV is admitted by what the attention factory says each request holds: blocks of a token budget
 // (contiguous dense attention) or device- and host-tier pages (paged sparse attention: the
-// prefill's pages, then the decode working set on the device and the full KV on the host). When a
-// running request cannot grow, the most recently arrived running request is preempted (its KV
-// freed, recomputed later).
+// prefill's pages, then the decode working set on the device and the full KV on the host). Paged
+// requests' elastic buffers grow into free device pages and shrink to make room. When a running
+// request cannot grow even so, the most recently arrived running request is preempted: by swap
+// (its device pages freed, its KV kept in the host tier, resumed later without recompute) when
+// device pages are short and its KV is in the host tier, by recompute (its KV freed) otherwise.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -193,6 +195,7 @@ class Engine {
   void take_incoming(std::vector<std::pair<OutputCallback, RequestOutput>>& outputs);
   bool reserve_kv(Request& r, int64_t tokens, bool decoding);
   KvDemand kv_after(const Request& r, int64_t tokens, bool decoding) const;
+  KvDemand shortfall(const Request& r, int64_t tokens, bool decoding) const;
   void settle_kv(Request& r);
   // Elastic buffers (EngineConfig::elastic_kv_buffers).
   void resize_buffer(Request& r, int64_t pages);
@@ -200,7 +203,8 @@ class Engine {
   bool shrink_buffers(int64_t device_pages);
   void grow_buffers();
   void free_kv(Request& r);
-  void preempt(Request& r);
+  void preempt(Request& r, bool swap);
+  bool drop_swapped();
   void finish(Request& r, const std::string& reason, RequestOutput& out);
   void sample_next(Request& r, std::span<const float> logits, RequestOutput& out);
   void fail_all(const std::string& message);

@@ -41,7 +41,9 @@ struct EngineMetrics {
   std::optional<KvStoreUsage> kv_store;  // the paged store's pools and counters, if any
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;
-  uint64_t preemptions_total = 0;
+  uint64_t preemptions_swap = 0;       // device pages freed, KV kept in the host tier
+  uint64_t preemptions_recompute = 0;  // all KV freed, prefilled again
+  uint64_t preemptions_total() const { return preemptions_swap + preemptions_recompute; }
   // Steps in which the paged store ran out inside the forward (an algorithm kept more device
   // pages than its admission bound): their requests were preempted.
   uint64_t kv_store_exhausted_total = 0;

@@ -94,7 +94,7 @@ class PagedAttentionFactory final : public AttentionFactory {
     const int64_t heads = shape_.n_kv_heads;
     const int64_t streams = shape_.n_layers * heads;
     const int64_t pages = kv_->config().layout.pages_for_tokens(static_cast<uint64_t>(tokens));
-    KvDemand d;
+    KvDemand d{.slots = 1};
     // Prefill runs on the device over every page; Device placement never leaves it.
     if (!decoding || r.traits.placement == sparse::Placement::Device) {
       d.device_pages = streams * pages;
@@ -123,7 +123,9 @@ class PagedAttentionFactory final : public AttentionFactory {
   }
 
   KvDemand capacity() const override {
-    return KvDemand{.device_pages = kv_->device_pool().capacity(), .host_pages = kv_->host_pool().capacity()};
+    return KvDemand{.device_pages = kv_->device_pool().capacity(),
+                    .host_pages = kv_->host_pool().capacity(),
+                    .slots = kv_->config().max_batch};
   }
 
   bool single_token_is_decode(const AttentionSettings& settings) const override {
@@ -153,6 +155,15 @@ class PagedAttentionFactory final : public AttentionFactory {
     SPIN_CHECK(pages >= 0 && pages <= kv_->config().max_context, "buffer of {} pages out of range", pages);
     kv_->set_buffer_pages(paged->request(), static_cast<uint32_t>(pages));
   }
+
+  bool can_swap(const SequenceKv& kv) const override {
+    const auto* paged = dynamic_cast<const sparse::PagedSparseAttention*>(&kv);
+    return paged != nullptr && kv_->offloaded(paged->request()) && !kv_->suspended(paged->request());
+  }
+
+  void swap_out(SequenceKv& kv) override { kv_->suspend(paged(kv).request()); }
+
+  void swap_in(SequenceKv& kv) override { kv_->resume(paged(kv).request()); }
 
   std::optional<KvCacheCounts> cache_counts(const SequenceKv& kv) const override {
     const auto* paged = dynamic_cast<const sparse::PagedSparseAttention*>(&kv);
@@ -194,6 +205,12 @@ class PagedAttentionFactory final : public AttentionFactory {
   bool unbounded(const std::string& algorithm) const {
     std::lock_guard lock(unbounded_mutex_);
     return unbounded_.count(algorithm) > 0;
+  }
+
+  static sparse::PagedSparseAttention& paged(SequenceKv& kv) {
+    auto* p = dynamic_cast<sparse::PagedSparseAttention*>(&kv);
+    SPIN_CHECK(p != nullptr, "the sequence is not in the paged KV store");
+    return *p;
   }
 
   // Sinks, window, the page being written, and one page that just slid out of the window

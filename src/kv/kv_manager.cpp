@@ -211,6 +211,7 @@ RequestId KvManager::create_request() {
 
 void KvManager::reserve_tokens(RequestId request, uint32_t count) {
   RequestState& r = state(request);
+  SPIN_CHECK(!r.suspended, "request {} is suspended", request);
   SPIN_CHECK(uint64_t{r.tokens} + count <= config_.max_context,
              "request {} would hold {} tokens, more than max_context {}", request,
              uint64_t{r.tokens} + count, config_.max_context);
@@ -365,6 +366,7 @@ void KvManager::set_buffer_pages(RequestId request, uint32_t pages) {
 void KvManager::retrieve(RequestId request, uint32_t layer, uint64_t step,
                          const LayerSelection& selection, std::vector<PageId>& device_pages) {
   RequestState& r = state(request);
+  SPIN_CHECK(!r.suspended, "request {} is suspended", request);
   const KvLayout& L = config_.layout;
   SPIN_CHECK(selection.num_heads() == L.num_kv_heads, "selection has {} heads, layout has {}",
              selection.num_heads(), L.num_kv_heads);
@@ -523,6 +525,50 @@ void KvManager::release(RequestId request) {
   r.active = false;
   request_slots_.free(request);
 }
+
+void KvManager::suspend(RequestId request) {
+  RequestState& r = state(request);
+  SPIN_CHECK(r.offloaded && !r.suspended, "request {} cannot be suspended (offloaded: {}, suspended: {})",
+             request, r.offloaded, r.suspended);
+  const uint32_t streams = config_.layout.streams();
+  for (uint32_t s = request * streams; s < (request + 1) * streams; ++s) {
+    while (streams_[s].resident_count > 0) {
+      const uint32_t last = streams_[s].resident_count - 1;
+      device_pool_.free(resident_device_page_[resident_index(s, last)]);
+      remove_resident(s, last);
+    }
+  }
+  r.suspended = true;
+}
+
+void KvManager::resume(RequestId request) {
+  RequestState& r = state(request);
+  SPIN_CHECK(r.suspended, "request {} is not suspended", request);
+  const uint32_t pages = config_.layout.pages_for_tokens(r.tokens);
+  const uint32_t streams = config_.layout.streams();
+  const uint32_t keep = pinned_count(pages);
+  device_pool_.require(uint64_t{keep} * streams);
+  resident_segments_.require(uint64_t{segments_for(keep)} * streams);
+  copies_.clear();
+  for (uint32_t s = request * streams; s < (request + 1) * streams; ++s) {
+    for (uint32_t p = 0; p < pages; ++p) {
+      if (!pinned(p, pages)) continue;
+      const PageId device = device_pool_.alloc();
+      copies_.push_back({logical_entry(s, p).page, device});
+      push_resident(s, p, device, r.local_step);
+    }
+  }
+  memory_.copy_pages(Tier::Host, Tier::Device, copies_);
+  KvCounters delta;
+  delta.misses = copies_.size();
+  delta.h2d_pages = copies_.size();
+  delta.h2d_bytes = copies_.size() * config_.layout.page_bytes();
+  r.counters += delta;
+  global_ += delta;
+  r.suspended = false;
+}
+
+bool KvManager::suspended(RequestId request) const { return state(request).suspended; }
 
 PageLocation KvManager::lookup(RequestId request, uint32_t layer, uint32_t head,
                                uint32_t logical) const {

@@ -112,6 +112,13 @@ class KvManager {
   void drop_layer(RequestId request, uint32_t layer);
   // Finish, abort and preemption: every page and segment of the request goes back.
   void release(RequestId request);
+  // Preemption by swap of an offloaded request: every device page goes back; the host tier keeps
+  // its whole KV (written through). Until resume, only release and queries may touch it.
+  void suspend(RequestId request);
+  // Copies the always-resident pages back from the host tier (counted as misses); throws
+  // PoolExhausted with nothing changed when the device or segment pool lacks room.
+  void resume(RequestId request);
+  bool suspended(RequestId request) const;
 
   // Queries.
   PageLocation lookup(RequestId request, uint32_t layer, uint32_t head, uint32_t logical) const;
@@ -147,6 +154,7 @@ class KvManager {
   struct RequestState {
     bool active = false;
     bool offloaded = false;
+    bool suspended = false;
     uint32_t tokens = 0;
     uint32_t buffer_pages = 0;
     uint64_t last_step = 0;

@@ -522,8 +522,10 @@ std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
         static_cast<double>(m.kv_tokens_capacity));
   counter(out, "spin_prompt_tokens_total", "Prompt tokens received", static_cast<double>(m.prompt_tokens_total));
   counter(out, "spin_generation_tokens_total", "Tokens generated", static_cast<double>(m.generation_tokens_total));
-  counter(out, "spin_num_preemptions_total", "Requests preempted (KV freed, recomputed later)",
-          static_cast<double>(m.preemptions_total));
+  out += "# HELP spin_preemptions_total Requests preempted, by kind (swap: KV kept in the host tier; recompute: "
+         "KV freed)\n# TYPE spin_preemptions_total counter\n";
+  out += fmt::format("spin_preemptions_total{{kind=\"swap\"}} {}\n", m.preemptions_swap);
+  out += fmt::format("spin_preemptions_total{{kind=\"recompute\"}} {}\n", m.preemptions_recompute);
   out += "# HELP spin_request_success_total Requests finished, by reason\n# TYPE spin_request_success_total counter\n";
   out += fmt::format("spin_request_success_total{{finished_reason=\"stop\"}} {}\n", m.requests_finished_stop);
   out += fmt::format("spin_request_success_total{{finished_reason=\"length\"}} {}\n", m.requests_finished_length);

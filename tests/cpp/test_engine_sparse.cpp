@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -149,7 +150,7 @@ TEST(EngineSparse, SmallBudgetUnderPressurePreemptsAndReturnsEveryPage) {
   // and evicted when the selection moved.
   EXPECT_GT(m.kv_store->misses, 0u);
   EXPECT_GT(m.kv_store->evictions, 0u);
-  EXPECT_GT(m.preemptions_total, 0u);
+  EXPECT_GT(m.preemptions_total(), 0u);
   EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
   expect_idle(engine, idle);
 }
@@ -192,7 +193,7 @@ TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
   }
   run_to_end(engine, false);
   EXPECT_TRUE(engine.alive());
-  EXPECT_GT(engine.metrics().preemptions_total, 0u);
+  EXPECT_GT(engine.metrics().preemptions_total(), 0u);
   // Attention over every page is exact: recomputed or not, each output is the dense one.
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
@@ -264,7 +265,7 @@ ElasticRun run_quest_requests(const std::vector<std::vector<int32_t>>& prompts, 
   std::vector<uint64_t> ids;
   for (const auto& prompt : prompts) ids.push_back(engine.add_request(prompt, greedy(100, quest(32)), c.callback()));
   run_to_end(engine);
-  EXPECT_EQ(engine.metrics().preemptions_total, 0u);
+  EXPECT_EQ(engine.metrics().preemptions_total(), 0u);
   ElasticRun run;
   for (uint64_t id : ids) {
     EXPECT_EQ(c.finish[id], "length") << "request " << id;
@@ -335,7 +336,7 @@ TEST(EngineSparse, AdmissionShrinksARunningRequestsBuffer) {
   EXPECT_EQ(m.kv_buffer_pages_reserved, streams * 7);
   EXPECT_LE(m.kv_store->device_pages_used, m.kv_device_pages_reserved);
   run_to_end(engine);
-  EXPECT_EQ(engine.metrics().preemptions_total, 0u);
+  EXPECT_EQ(engine.metrics().preemptions_total(), 0u);
 
   // The outputs are those of the same requests without elasticity, each alone.
   for (const auto& [prompt, tokens, id] : {std::tuple{first, 60, a}, std::tuple{second, 20, b}}) {
@@ -349,6 +350,82 @@ TEST(EngineSparse, AdmissionShrinksARunningRequestsBuffer) {
     run_to_end(fixed);
     EXPECT_EQ(c.ids[id], alone.ids[only]) << "request " << id;
   }
+}
+
+// An engine over a paged store of `device_pages` and `host_pages` for requests of up to
+// `context` tokens.
+std::unique_ptr<Engine> paged_engine(int64_t max_num_seqs, int64_t context, int64_t device_pages, int64_t host_pages) {
+  PagedStoreConfig paged = store(device_pages, host_pages, max_num_seqs);
+  paged.max_context = context;
+  EngineConfig config = engine_config(max_num_seqs);
+  config.max_model_len = context;
+  return std::make_unique<Engine>(tiny().model, nullptr, config,
+                                  make_paged_attention_factory(tiny().model.attention_shape(), paged));
+}
+
+TEST(EngineSparse, SwapPreemptionResumesWithoutRecompute) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  constexpr int64_t kContext = 384, kTokens = 96;
+  // A budget of half the context: working sets grow as requests decode, and prefill
+  // chunks grow too, so the small device tier keeps preempting decoding requests. The host tier
+  // has room for every request, so each of those is swapped out and resumes from its host KV.
+  AttentionSettings attention = quest(0);
+  attention.budget_fraction = 0.5;
+  std::mt19937 rng(51);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, 120 + 16 * i));
+  const std::unique_ptr<Engine> engine = paged_engine(8, kContext, streams * 2 * (kContext / 16), streams * 8 * (kContext / 16));
+  const KvStoreUsage idle = *engine->metrics().kv_store;
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (const auto& prompt : prompts) ids.push_back(engine->add_request(prompt, greedy(kTokens, attention), c.callback()));
+  run_to_end(*engine);
+  const EngineMetrics m = engine->metrics();
+  // Decoding victims are swapped out; one still in its prefill has no host KV and is recomputed.
+  EXPECT_GT(m.preemptions_swap, 0u);
+  // A sparse request recomputed after decoding would prefill densely the tokens it decoded
+  // sparsely, and its KV (so its output) would change: equal outputs show each swapped request
+  // resumed from its own KV. The reference: each request alone, never preempted.
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::unique_ptr<Engine> alone = paged_engine(1, kContext, 4000, 4000);
+    Collector reference;
+    const uint64_t only = alone->add_request(prompts[i], greedy(kTokens, attention), reference.callback());
+    run_to_end(*alone);
+    EXPECT_EQ(alone->metrics().preemptions_total(), 0u);
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference.ids[only]) << "request " << i;
+  }
+  EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
+  expect_idle(*engine, idle);
+}
+
+TEST(EngineSparse, RecomputeWhenTheHostTierIsFull) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  // Room on the device for everything, on the host for two requests' KV: a third request that
+  // ends its prefill cannot offload, and a preemption frees host pages only by recompute. Quest
+  // at a budget of the whole context is exact, so recomputed or not each output is the dense one.
+  std::mt19937 rng(53);
+  Engine engine(tiny().model, nullptr, engine_config(4),
+                make_paged_attention_factory(shape, store(4000, streams * 22, 4)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 100));
+    ids.push_back(engine.add_request(prompts.back(), greedy(40, quest(kMaxModelLen)), c.callback()));
+  }
+  run_to_end(engine);
+  const EngineMetrics m = engine.metrics();
+  EXPECT_GT(m.preemptions_recompute, 0u);
+  EXPECT_EQ(m.preemptions_swap, 0u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 40)) << "request " << i;
+  }
+  expect_idle(engine, idle);
 }
 
 TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {

@@ -448,6 +448,10 @@ def test_metrics_format_and_counts(server):
     assert after['spin_request_success_total{finished_reason="length"}'] == \
         before['spin_request_success_total{finished_reason="length"}'] + 1
     assert after["spin_num_requests_running"] == 0 and after["spin_kv_tokens_used"] == 0
+    # Preemptions by kind: both series exist, and one short request preempted nothing.
+    for kind in ("swap", "recompute"):
+        name = f'spin_preemptions_total{{kind="{kind}"}}'
+        assert types["spin_preemptions_total"] == "counter" and after[name] == before[name]
     for hist in ("spin_time_to_first_token_seconds", "spin_inter_token_latency_seconds",
                  "spin_e2e_request_latency_seconds"):
         assert types[hist] == "histogram"
