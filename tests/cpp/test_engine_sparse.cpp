@@ -428,6 +428,34 @@ TEST(EngineSparse, RecomputeWhenTheHostTierIsFull) {
   expect_idle(engine, idle);
 }
 
+TEST(EngineSparse, SwappedOutRequestsGiveUpHostPagesWhenBothTiersAreShort) {
+  const AttentionShape shape = tiny().model.attention_shape();
+  const int64_t streams = shape.n_layers * shape.n_kv_heads;
+  // Both tiers small: device pressure swaps decoding requests out, and their host pages then run
+  // short for the others, so swapped-out requests are dropped to recompute. Exact attention
+  // (Quest over the whole context) makes every output the dense one whatever happened.
+  std::mt19937 rng(57);
+  Engine engine(tiny().model, nullptr, engine_config(6),
+                make_paged_attention_factory(shape, store(streams * 20, streams * 24, 6)));
+  const KvStoreUsage idle = *engine.metrics().kv_store;
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_prompt(rng, 90 + 6 * i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(40, quest(kMaxModelLen)), c.callback()));
+  }
+  run_to_end(engine);
+  const EngineMetrics m = engine.metrics();
+  EXPECT_GT(m.preemptions_swap, 0u);
+  EXPECT_GT(m.preemptions_recompute, 0u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 40)) << "request " << i;
+  }
+  expect_idle(engine, idle);
+}
+
 TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {
   const AttentionShape shape = tiny().model.attention_shape();
   const int64_t streams = shape.n_layers * shape.n_kv_heads;
