@@ -662,14 +662,16 @@ void Engine::loop() {
       step();
     } catch (const std::exception& e) {
       spdlog::error("engine step failed: {}", e.what());
-      fail_all(e.what());
+      alive_ = false;
+      end_all("error", e.what());
       return;
     }
   }
 }
 
-void Engine::fail_all(const std::string& message) {
-  alive_ = false;
+// Ends every request still known (queued, waiting or running) with `reason`, so that no client
+// waits for an engine that no longer steps.
+void Engine::end_all(const std::string& reason, const std::string& error) {
   std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
   {
     std::lock_guard lock(mutex_);
@@ -681,8 +683,8 @@ void Engine::fail_all(const std::string& message) {
   }
   for (auto& [id, r] : requests_) {
     RequestOutput out;
-    finish(*r, "error", out);
-    out.error = message;
+    finish(*r, reason, out);
+    out.error = error;
     outputs.emplace_back(std::move(r->on_output), std::move(out));
   }
   requests_.clear();
@@ -700,26 +702,7 @@ void Engine::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  // Whatever is left ends as aborted, so no waiting client hangs.
-  std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
-  {
-    std::lock_guard lock(mutex_);
-    for (auto& r : incoming_) {
-      waiting_.push_back(r.get());
-      requests_.emplace(r->id, std::move(r));
-    }
-    incoming_.clear();
-  }
-  for (auto& [id, r] : requests_) {
-    RequestOutput out;
-    finish(*r, "abort", out);
-    outputs.emplace_back(std::move(r->on_output), std::move(out));
-  }
-  requests_.clear();
-  update_gauges();
-  for (auto& [callback, out] : outputs) {
-    if (callback) callback(out);
-  }
+  end_all("abort", {});
 }
 
 }  // namespace spin

@@ -207,7 +207,7 @@ class Engine {
   bool drop_swapped();
   void finish(Request& r, const std::string& reason, RequestOutput& out);
   void sample_next(Request& r, std::span<const float> logits, RequestOutput& out);
-  void fail_all(const std::string& message);
+  void end_all(const std::string& reason, const std::string& error);
   void update_gauges();
   void loop();
 

@@ -494,87 +494,133 @@ Engine& live_engine(HttpServer::State& st) {
   return *engine;
 }
 
-void gauge(std::string& out, const char* name, const char* help, double value) {
-  out += fmt::format("# HELP {0} {1}\n# TYPE {0} gauge\n{0} {2}\n", name, help, value);
+// One sample of /metrics: a series of a family (families are consecutive rows of one name) and
+// how to read its value from a source T (the engine's metrics, the paged store's usage).
+template <typename T>
+struct MetricRow {
+  const char* name;
+  const char* type;    // "gauge" or "counter"
+  const char* help;
+  const char* labels;  // "" or `key="value"`
+  double (*value)(const T&);
+};
+
+template <typename T>
+double num(T x) {
+  return static_cast<double>(x);
 }
 
-void counter(std::string& out, const char* name, const char* help, double value) {
-  out += fmt::format("# HELP {0} {1}\n# TYPE {0} counter\n{0} {2}\n", name, help, value);
-}
+const MetricRow<EngineMetrics> kEngineRows[] = {
+    {"spin_num_requests_running", "gauge", "Requests in the running batch", "",
+     [](const EngineMetrics& m) { return num(m.requests_running); }},
+    {"spin_num_requests_waiting", "gauge", "Requests waiting to be scheduled", "",
+     [](const EngineMetrics& m) { return num(m.requests_waiting); }},
+    {"spin_kv_tokens_used", "gauge", "KV tokens held by requests (whole blocks)", "",
+     [](const EngineMetrics& m) { return num(m.kv_tokens_used); }},
+    {"spin_kv_tokens_capacity", "gauge", "KV-token budget of all requests together", "",
+     [](const EngineMetrics& m) { return num(m.kv_tokens_capacity); }},
+    {"spin_prompt_tokens_total", "counter", "Prompt tokens received", "",
+     [](const EngineMetrics& m) { return num(m.prompt_tokens_total); }},
+    {"spin_generation_tokens_total", "counter", "Tokens generated", "",
+     [](const EngineMetrics& m) { return num(m.generation_tokens_total); }},
+    {"spin_preemptions_total", "counter",
+     "Requests preempted, by kind (swap: KV kept in the host tier; recompute: KV freed)", "kind=\"swap\"",
+     [](const EngineMetrics& m) { return num(m.preemptions_swap); }},
+    {"spin_preemptions_total", "counter", "", "kind=\"recompute\"",
+     [](const EngineMetrics& m) { return num(m.preemptions_recompute); }},
+    {"spin_request_success_total", "counter", "Requests finished, by reason", "finished_reason=\"stop\"",
+     [](const EngineMetrics& m) { return num(m.requests_finished_stop); }},
+    {"spin_request_success_total", "counter", "", "finished_reason=\"length\"",
+     [](const EngineMetrics& m) { return num(m.requests_finished_length); }},
+    {"spin_requests_aborted_total", "counter", "Requests aborted (client gone or shutdown)", "",
+     [](const EngineMetrics& m) { return num(m.requests_aborted); }},
+    {"spin_engine_steps_total", "counter", "Scheduler iterations", "",
+     [](const EngineMetrics& m) { return num(m.steps_total); }},
+    {"spin_kv_store_exhausted_total", "counter",
+     "Steps in which the paged KV store ran out (an algorithm above its admission bound)", "",
+     [](const EngineMetrics& m) { return num(m.kv_store_exhausted_total); }},
+    {"spin_kv_device_pages_reserved", "gauge", "Paged KV store: device pages the scheduler reserved", "",
+     [](const EngineMetrics& m) { return num(m.kv_device_pages_reserved); }},
+    {"spin_kv_host_pages_reserved", "gauge", "Paged KV store: host pages the scheduler reserved", "",
+     [](const EngineMetrics& m) { return num(m.kv_host_pages_reserved); }},
+    {"spin_kv_buffer_pages_reserved", "gauge", "Paged KV store: reserved device pages of elastic buffers", "",
+     [](const EngineMetrics& m) { return num(m.kv_buffer_pages_reserved); }},
+};
 
-void histogram(std::string& out, const char* name, const char* help, const Histogram& h) {
-  out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
-  for (size_t i = 0; i < h.bounds().size(); ++i) {
-    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds()[i], h.cumulative_counts()[i]);
+const MetricRow<KvStoreUsage> kStoreRows[] = {
+    {"spin_kv_device_pages_used", "gauge", "Paged KV store: device-tier pages in use", "",
+     [](const KvStoreUsage& u) { return num(u.device_pages_used); }},
+    {"spin_kv_device_pages_capacity", "gauge", "Paged KV store: device-tier pages", "",
+     [](const KvStoreUsage& u) { return num(u.device_pages_capacity); }},
+    {"spin_kv_host_pages_used", "gauge", "Paged KV store: host-tier pages in use", "",
+     [](const KvStoreUsage& u) { return num(u.host_pages_used); }},
+    {"spin_kv_host_pages_capacity", "gauge", "Paged KV store: host-tier pages", "",
+     [](const KvStoreUsage& u) { return num(u.host_pages_capacity); }},
+    {"spin_kv_page_bytes", "gauge", "Paged KV store: bytes of one page (K and V of one layer x KV head)", "",
+     [](const KvStoreUsage& u) { return num(u.page_bytes); }},
+    {"spin_kv_logical_segments_used", "gauge", "Paged KV store: logical page-table segments in use", "",
+     [](const KvStoreUsage& u) { return num(u.logical_segments_used); }},
+    {"spin_kv_resident_segments_used", "gauge", "Paged KV store: resident page-table segments in use", "",
+     [](const KvStoreUsage& u) { return num(u.resident_segments_used); }},
+    {"spin_kv_requests", "gauge", "Paged KV store: request slots taken", "",
+     [](const KvStoreUsage& u) { return num(u.requests); }},
+    {"spin_kv_metadata_device_bytes", "gauge", "Paged KV store: page-table bytes on the device tier", "",
+     [](const KvStoreUsage& u) { return num(u.metadata_device_bytes); }},
+    {"spin_kv_metadata_host_bytes", "gauge", "Paged KV store: page-table bytes on the host tier", "",
+     [](const KvStoreUsage& u) { return num(u.metadata_host_bytes); }},
+    {"spin_kv_cache_hits_total", "counter", "Paged KV store: selected pages already on the device", "",
+     [](const KvStoreUsage& u) { return num(u.hits); }},
+    {"spin_kv_cache_misses_total", "counter", "Paged KV store: selected pages fetched from the host tier", "",
+     [](const KvStoreUsage& u) { return num(u.misses); }},
+    {"spin_kv_retrieve_bytes_total", "counter", "Paged KV store: bytes copied host to device", "",
+     [](const KvStoreUsage& u) { return num(u.retrieve_bytes); }},
+    {"spin_kv_offload_bytes_total", "counter", "Paged KV store: bytes copied device to host", "",
+     [](const KvStoreUsage& u) { return num(u.offload_bytes); }},
+    {"spin_kv_evictions_total", "counter", "Paged KV store: device pages evicted", "",
+     [](const KvStoreUsage& u) { return num(u.evictions); }},
+};
+
+const struct {
+  const char* name;
+  const char* help;
+  Histogram EngineMetrics::*histogram;
+} kHistograms[] = {
+    {"spin_time_to_first_token_seconds", "Time from arrival to the first token", &EngineMetrics::time_to_first_token},
+    {"spin_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+     &EngineMetrics::inter_token_latency},
+    {"spin_e2e_request_latency_seconds", "Time from arrival to the last token", &EngineMetrics::e2e_latency},
+};
+
+template <typename T, size_t N>
+void render_rows(std::string& out, const MetricRow<T> (&rows)[N], const T& source) {
+  std::string_view family;
+  for (const MetricRow<T>& row : rows) {
+    if (family != row.name) {
+      family = row.name;
+      out += fmt::format("# HELP {0} {1}\n# TYPE {0} {2}\n", row.name, row.help, row.type);
+    }
+    const std::string labels = *row.labels ? fmt::format("{{{}}}", row.labels) : std::string();
+    out += fmt::format("{}{} {}\n", row.name, labels, row.value(source));
   }
-  out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, h.count(), h.sum());
 }
 
 }  // namespace
 
 std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
-  std::string out;
-  gauge(out, "spin_engine_up", "1 while the engine runs, 0 while loading or after it failed", engine_alive ? 1 : 0);
-  gauge(out, "spin_num_requests_running", "Requests in the running batch", static_cast<double>(m.requests_running));
-  gauge(out, "spin_num_requests_waiting", "Requests waiting to be scheduled", static_cast<double>(m.requests_waiting));
-  gauge(out, "spin_kv_tokens_used", "KV tokens held by requests (whole blocks)", static_cast<double>(m.kv_tokens_used));
-  gauge(out, "spin_kv_tokens_capacity", "KV-token budget of all requests together",
-        static_cast<double>(m.kv_tokens_capacity));
-  counter(out, "spin_prompt_tokens_total", "Prompt tokens received", static_cast<double>(m.prompt_tokens_total));
-  counter(out, "spin_generation_tokens_total", "Tokens generated", static_cast<double>(m.generation_tokens_total));
-  out += "# HELP spin_preemptions_total Requests preempted, by kind (swap: KV kept in the host tier; recompute: "
-         "KV freed)\n# TYPE spin_preemptions_total counter\n";
-  out += fmt::format("spin_preemptions_total{{kind=\"swap\"}} {}\n", m.preemptions_swap);
-  out += fmt::format("spin_preemptions_total{{kind=\"recompute\"}} {}\n", m.preemptions_recompute);
-  out += "# HELP spin_request_success_total Requests finished, by reason\n# TYPE spin_request_success_total counter\n";
-  out += fmt::format("spin_request_success_total{{finished_reason=\"stop\"}} {}\n", m.requests_finished_stop);
-  out += fmt::format("spin_request_success_total{{finished_reason=\"length\"}} {}\n", m.requests_finished_length);
-  counter(out, "spin_requests_aborted_total", "Requests aborted (client gone or shutdown)",
-          static_cast<double>(m.requests_aborted));
-  counter(out, "spin_engine_steps_total", "Scheduler iterations", static_cast<double>(m.steps_total));
-  counter(out, "spin_kv_store_exhausted_total",
-          "Steps in which the paged KV store ran out (an algorithm above its admission bound)",
-          static_cast<double>(m.kv_store_exhausted_total));
-  gauge(out, "spin_kv_device_pages_reserved", "Paged KV store: device pages the scheduler reserved",
-        static_cast<double>(m.kv_device_pages_reserved));
-  gauge(out, "spin_kv_host_pages_reserved", "Paged KV store: host pages the scheduler reserved",
-        static_cast<double>(m.kv_host_pages_reserved));
-  gauge(out, "spin_kv_buffer_pages_reserved", "Paged KV store: reserved device pages of elastic buffers",
-        static_cast<double>(m.kv_buffer_pages_reserved));
-  if (const auto& kv = m.kv_store) {
-    gauge(out, "spin_kv_device_pages_used", "Paged KV store: device-tier pages in use",
-          static_cast<double>(kv->device_pages_used));
-    gauge(out, "spin_kv_device_pages_capacity", "Paged KV store: device-tier pages",
-          static_cast<double>(kv->device_pages_capacity));
-    gauge(out, "spin_kv_host_pages_used", "Paged KV store: host-tier pages in use",
-          static_cast<double>(kv->host_pages_used));
-    gauge(out, "spin_kv_host_pages_capacity", "Paged KV store: host-tier pages",
-          static_cast<double>(kv->host_pages_capacity));
-    gauge(out, "spin_kv_page_bytes", "Paged KV store: bytes of one page (K and V of one layer x KV head)",
-          static_cast<double>(kv->page_bytes));
-    gauge(out, "spin_kv_logical_segments_used", "Paged KV store: logical page-table segments in use",
-          static_cast<double>(kv->logical_segments_used));
-    gauge(out, "spin_kv_resident_segments_used", "Paged KV store: resident page-table segments in use",
-          static_cast<double>(kv->resident_segments_used));
-    gauge(out, "spin_kv_requests", "Paged KV store: request slots taken", static_cast<double>(kv->requests));
-    gauge(out, "spin_kv_metadata_device_bytes", "Paged KV store: page-table bytes on the device tier",
-          static_cast<double>(kv->metadata_device_bytes));
-    gauge(out, "spin_kv_metadata_host_bytes", "Paged KV store: page-table bytes on the host tier",
-          static_cast<double>(kv->metadata_host_bytes));
-    counter(out, "spin_kv_cache_hits_total", "Paged KV store: selected pages already on the device",
-            static_cast<double>(kv->hits));
-    counter(out, "spin_kv_cache_misses_total", "Paged KV store: selected pages fetched from the host tier",
-            static_cast<double>(kv->misses));
-    counter(out, "spin_kv_retrieve_bytes_total", "Paged KV store: bytes copied host to device",
-            static_cast<double>(kv->retrieve_bytes));
-    counter(out, "spin_kv_offload_bytes_total", "Paged KV store: bytes copied device to host",
-            static_cast<double>(kv->offload_bytes));
-    counter(out, "spin_kv_evictions_total", "Paged KV store: device pages evicted", static_cast<double>(kv->evictions));
+  std::string out = fmt::format(
+      "# HELP spin_engine_up 1 while the engine runs, 0 while loading or after it failed\n"
+      "# TYPE spin_engine_up gauge\nspin_engine_up {}\n",
+      engine_alive ? 1 : 0);
+  render_rows(out, kEngineRows, m);
+  if (m.kv_store) render_rows(out, kStoreRows, *m.kv_store);
+  for (const auto& [name, help, member] : kHistograms) {
+    const Histogram& h = m.*member;
+    out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);
+    for (size_t i = 0; i < h.bounds().size(); ++i) {
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, h.bounds()[i], h.cumulative_counts()[i]);
+    }
+    out += fmt::format("{0}_bucket{{le=\"+Inf\"}} {1}\n{0}_sum {2}\n{0}_count {1}\n", name, h.count(), h.sum());
   }
-  histogram(out, "spin_time_to_first_token_seconds", "Time from arrival to the first token", m.time_to_first_token);
-  histogram(out, "spin_inter_token_latency_seconds", "Time between consecutive tokens of a request",
-            m.inter_token_latency);
-  histogram(out, "spin_e2e_request_latency_seconds", "Time from arrival to the last token", m.e2e_latency);
   return out;
 }
 
