@@ -359,7 +359,9 @@ bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15)
 
 bool valid_params(const PagedPrefillParams& p, const __nv_bfloat16* out) {
   const int64_t q_width = static_cast<int64_t>(p.num_kv_heads) * p.group * p.head_dim;
-  return p.num_kv_heads > 0 && p.num_kv_heads <= 65535 && p.num_seqs <= 65535 && p.group >= 1 &&
+  // Grid: y = sequence, z = KV head (each at most 65535); (seq, head) list indices fit in int.
+  return p.num_kv_heads > 0 && p.num_kv_heads <= 65535 && p.num_seqs <= 65535 &&
+         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads < INT32_MAX && p.group >= 1 &&
          p.group <= kMaxGroup && (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 &&
          p.page_size <= 64 && p.page_size % 8 == 0 && std::isfinite(p.scale) && p.scale > 0.0f &&
          p.variant >= -1 && p.variant <= 1 &&
@@ -377,7 +379,8 @@ cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t
   if (smem_status != cudaSuccess) return smem_status;
   const int64_t q_row_stride =
       p.q_row_stride > 0 ? p.q_row_stride : static_cast<int64_t>(p.num_kv_heads) * p.group * D;
-  // ceil(2^32 / page_size): key / page_size == umulhi(key, magic) for keys below 2^26.
+  // ceil(2^32 / page_size): key / page_size == umulhi(key, magic) for keys below 2^32 / 64 =
+  // 2^26 positions.
   const uint32_t page_magic =
       static_cast<uint32_t>(((uint64_t{1} << 32) + p.page_size - 1) / p.page_size);
   const int tile_tokens = kRows / p.group;
