@@ -360,8 +360,9 @@ TEST_F(GpuModelOps, StoreKvPagesScattersToSlotsOnly) {
     const int64_t kv_width = int64_t{c.n_kv_heads} * c.head_dim;
     const int64_t row_stride = q_width + 2 * kv_width + c.row_pad;
     const std::vector<uint16_t> qkv = random_bf16(c.n_tokens * row_stride, 1.0f);
-    // Distinct (page, slot) for every (token, head) among pages twice as many as needed.
-    const int n_pages = static_cast<int>(2 * c.n_tokens * c.n_kv_heads / c.page_size + 4);
+    // Distinct (page, slot) for every (token, head). A slot may be shared by every (token, head),
+    // so there are more pages than (token, head) pairs: the search for a free page always ends.
+    const int n_pages = static_cast<int>(c.n_tokens * c.n_kv_heads + 4);
     std::vector<int32_t> slot_of(c.n_tokens), page_of(c.n_tokens * c.n_kv_heads);
     std::set<std::pair<int32_t, int32_t>> used;
     std::uniform_int_distribution<int32_t> pick_page(0, n_pages - 1), pick_slot(0, c.page_size - 1);
