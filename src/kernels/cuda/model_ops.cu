@@ -162,25 +162,43 @@ constexpr int kStoreThreads = 256;
 
 // Work item (token, kv head, K or V, unit): consecutive threads copy consecutive units of one
 // head row, so both the read of the qkv row and the write of the page slot are contiguous.
-template <typename Unit>
+// Index is 32-bit when the work fits (its divisions are much cheaper than 64-bit ones).
+template <typename Unit, typename Index>
 __global__ void __launch_bounds__(kStoreThreads)
     store_kv_pages_kernel(const Unit* __restrict__ qkv, int64_t row_units, int64_t q_units,
                           const int32_t* __restrict__ page_of, const int32_t* __restrict__ slot_of,
-                          int64_t n_tokens, int n_kv_heads, int64_t head_units, int page_size,
+                          Index total, Index n_kv_heads, Index head_units, int page_size,
                           Unit* __restrict__ pool) {
-  const int64_t total = n_tokens * n_kv_heads * 2 * head_units;
-  for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t unit = idx % head_units;
-    int64_t rest = idx / head_units;
-    const int64_t is_v = rest % 2;
+  for (int64_t i = global_thread(); i < static_cast<int64_t>(total); i += grid_threads()) {
+    const Index idx = static_cast<Index>(i);
+    const Index unit = idx % head_units;
+    Index rest = idx / head_units;
+    const Index is_v = rest % 2;
     rest /= 2;
-    const int64_t head = rest % n_kv_heads;
+    const Index head = rest % n_kv_heads;
     const int64_t t = rest / n_kv_heads;
-    const Unit* from = qkv + t * row_units + q_units + (is_v * n_kv_heads + head) * head_units;
+    const Unit* from = qkv + t * row_units + q_units +
+                       static_cast<int64_t>(is_v * n_kv_heads + head) * head_units;
     const int64_t page = page_of[t * n_kv_heads + head];
-    Unit* to = pool + (page * 2 + is_v) * page_size * head_units +
+    Unit* to = pool + (page * 2 + is_v) * page_size * static_cast<int64_t>(head_units) +
                static_cast<int64_t>(slot_of[t]) * head_units;
     to[unit] = from[unit];
+  }
+}
+
+template <typename Unit>
+void launch_store_kv(const Unit* qkv, int64_t row_units, int64_t q_units, const int32_t* page_of,
+                     const int32_t* slot_of, int64_t n_tokens, int n_kv_heads, int64_t head_units,
+                     int page_size, Unit* pool, cudaStream_t stream) {
+  const int64_t total = n_tokens * n_kv_heads * 2 * head_units;
+  const unsigned blocks = grid_for(total, kStoreThreads);
+  if (total <= UINT32_MAX) {
+    store_kv_pages_kernel<Unit, uint32_t><<<blocks, kStoreThreads, 0, stream>>>(
+        qkv, row_units, q_units, page_of, slot_of, static_cast<uint32_t>(total),
+        static_cast<uint32_t>(n_kv_heads), static_cast<uint32_t>(head_units), page_size, pool);
+  } else {
+    store_kv_pages_kernel<Unit, int64_t><<<blocks, kStoreThreads, 0, stream>>>(
+        qkv, row_units, q_units, page_of, slot_of, total, n_kv_heads, head_units, page_size, pool);
   }
 }
 
@@ -192,15 +210,17 @@ __device__ __forceinline__ float silu_times(float g, float u) {
   return g / (1.0f + expf(-g)) * u;  // cpu::silu_mul's expression
 }
 
+template <typename Index>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    silu_mul_vec_kernel(const Bf16x8* __restrict__ gate_up, int64_t n_tokens, int64_t ffn_units,
+    silu_mul_vec_kernel(const Bf16x8* __restrict__ gate_up, Index total, Index ffn_units,
                         Bf16x8* __restrict__ out) {
-  const int64_t total = n_tokens * ffn_units;
-  for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
-    const int64_t t = idx / ffn_units;
-    const int64_t unit = idx - t * ffn_units;
-    const Bf16x8 g = gate_up[t * 2 * ffn_units + unit];
-    const Bf16x8 u = gate_up[t * 2 * ffn_units + ffn_units + unit];
+  for (int64_t i = global_thread(); i < static_cast<int64_t>(total); i += grid_threads()) {
+    const Index idx = static_cast<Index>(i);
+    const Index t = idx / ffn_units;
+    const Index unit = idx - t * ffn_units;
+    const int64_t in = static_cast<int64_t>(t) * 2 * ffn_units + unit;
+    const Bf16x8 g = gate_up[in];
+    const Bf16x8 u = gate_up[in + ffn_units];
     Bf16x8 r;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -208,7 +228,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
       const float2 uf = __bfloat1622float2(u.pair[k]);
       r.pair[k] = __floats2bfloat162_rn(silu_times(gf.x, uf.x), silu_times(gf.y, uf.y));
     }
-    out[idx] = r;
+    out[i] = r;
   }
 }
 
@@ -295,16 +315,15 @@ cudaError_t store_kv_pages_bf16(const __nv_bfloat16* qkv, int64_t row_stride, in
     return cudaErrorInvalidValue;
   if (n_tokens == 0) return cudaSuccess;
   if (!qkv || !page_of || !slot_of || !kv_pool) return cudaErrorInvalidValue;
-  const int64_t total = n_tokens * n_kv_heads * 2 * head_dim;
   if (head_dim % 8 == 0 && row_stride % 8 == 0 && q_width % 8 == 0 && aligned(qkv, 16) &&
       aligned(kv_pool, 16)) {
-    store_kv_pages_kernel<<<grid_for(total / 8, kStoreThreads), kStoreThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(qkv), row_stride / 8, q_width / 8, page_of, slot_of,
-        n_tokens, n_kv_heads, head_dim / 8, page_size, reinterpret_cast<uint4*>(kv_pool));
+    launch_store_kv(reinterpret_cast<const uint4*>(qkv), row_stride / 8, q_width / 8, page_of,
+                    slot_of, n_tokens, n_kv_heads, head_dim / 8, page_size,
+                    reinterpret_cast<uint4*>(kv_pool), stream);
   } else {
-    store_kv_pages_kernel<<<grid_for(total, kStoreThreads), kStoreThreads, 0, stream>>>(
-        reinterpret_cast<const uint16_t*>(qkv), row_stride, q_width, page_of, slot_of, n_tokens,
-        n_kv_heads, head_dim, page_size, reinterpret_cast<uint16_t*>(kv_pool));
+    launch_store_kv(reinterpret_cast<const uint16_t*>(qkv), row_stride, q_width, page_of, slot_of,
+                    n_tokens, n_kv_heads, head_dim, page_size,
+                    reinterpret_cast<uint16_t*>(kv_pool), stream);
   }
   return cudaGetLastError();
 }
@@ -316,9 +335,16 @@ cudaError_t silu_mul_bf16(const __nv_bfloat16* gate_up, int64_t n_tokens, int64_
   if (!gate_up || !out) return cudaErrorInvalidValue;
   if (ffn % 8 == 0 && aligned(gate_up, 16) && aligned(out, 16)) {
     const int64_t units = ffn / 8;
-    silu_mul_vec_kernel<<<grid_for(n_tokens * units, kElementwiseThreads), kElementwiseThreads, 0,
-                          stream>>>(reinterpret_cast<const Bf16x8*>(gate_up), n_tokens, units,
-                                    reinterpret_cast<Bf16x8*>(out));
+    const int64_t total = n_tokens * units;
+    const unsigned blocks = grid_for(total, kElementwiseThreads);
+    const auto* in = reinterpret_cast<const Bf16x8*>(gate_up);
+    auto* to = reinterpret_cast<Bf16x8*>(out);
+    if (total <= UINT32_MAX) {
+      silu_mul_vec_kernel<uint32_t><<<blocks, kElementwiseThreads, 0, stream>>>(
+          in, static_cast<uint32_t>(total), static_cast<uint32_t>(units), to);
+    } else {
+      silu_mul_vec_kernel<int64_t><<<blocks, kElementwiseThreads, 0, stream>>>(in, total, units, to);
+    }
   } else {
     silu_mul_kernel<<<grid_for(n_tokens * ffn, kElementwiseThreads), kElementwiseThreads, 0,
                       stream>>>(gate_up, n_tokens, ffn, out);
