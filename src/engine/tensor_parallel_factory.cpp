@@ -101,7 +101,7 @@ std::unique_ptr<AttentionFactory> make_tensor_parallel_attention_factory(
 TensorParallel make_tensor_parallel(const ModelWeights& weights, int world,
                                     const RankFactoryMaker& make_rank_factory, int threads) {
   TensorParallel tp;
-  tp.model = std::make_unique<TensorParallelModel>(weights, world, threads);
+  tp.model = make_cpu_tensor_parallel_model(weights, world, threads);
   const AttentionShape shape = tp.model->rank_attention_shape();
   std::vector<std::unique_ptr<AttentionFactory>> ranks;
   for (int r = 0; r < world; ++r) {

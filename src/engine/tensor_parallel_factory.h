@@ -26,7 +26,7 @@ struct TensorParallel {
   std::unique_ptr<AttentionFactory> factory;  // pass to the Engine with the model
 };
 
-// The model over `world` ranks and its factory. make_rank_factory: null = dense contiguous
+// The CPU model over `world` ranks (make_cpu_tensor_parallel_model) and its factory. make_rank_factory: null = dense contiguous
 // attention on every rank. threads: CPU threads all ranks share (0 = the OpenMP default).
 // Throws spin::Error naming the numbers when world does not divide the KV heads (and the query
 // heads and the intermediate size).

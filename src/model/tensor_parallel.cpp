@@ -1,9 +1,12 @@
 #include "model/tensor_parallel.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
+#include "model/communicator.h"
+#include "model/transformer.h"
 
 namespace spin {
 
@@ -95,33 +98,97 @@ TensorParallelKv::TensorParallelKv(std::vector<std::unique_ptr<SequenceKv>> rank
   for (const auto& r : ranks_) SPIN_CHECK(r != nullptr, "tensor parallel: a rank's KV is missing");
 }
 
-TensorParallelModel::TensorParallelModel(const ModelWeights& weights, int world, int threads)
-    : config_(weights.config), group_((check_tensor_parallel(weights.config, world), world)) {
-  SPIN_CHECK(threads >= 0, "tensor parallel: thread count must be >= 0, got {}", threads);
-  const int total = threads > 0 ? threads : cpu::num_threads();
-  threads_per_rank_ = std::max(1, total / world);
-  // Each Transformer keeps a reference to its shard: reserve so none moves.
-  shards_.reserve(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    shards_.push_back(shard_weights(weights, r, world));
-    ranks_.push_back(std::make_unique<Transformer>(shards_.back(), &group_.communicator(r)));
-  }
-  rank_chunks_.resize(static_cast<size_t>(world));
-  rank_logits_.resize(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) workers_.emplace_back([this, r] { worker(r); });
+RankThreads::RankThreads(int world) {
+  SPIN_CHECK(world >= 1, "tensor parallel: the world size must be >= 1, got {}", world);
+  for (int r = 0; r < world; ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
-TensorParallelModel::~TensorParallelModel() {
+RankThreads::~RankThreads() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   start_.notify_all();
-  for (std::thread& t : workers_) t.join();
+  for (std::thread& t : threads_) t.join();
+}
+
+void RankThreads::run(const std::function<void(int)>& task, const std::function<void()>& on_failure) {
+  std::unique_lock lock(mutex_);
+  task_ = &task;
+  on_failure_ = &on_failure;
+  first_error_ = nullptr;
+  pending_ = world_size();
+  ++job_;
+  start_.notify_all();
+  done_.wait(lock, [&] { return pending_ == 0; });
+  task_ = nullptr;
+  on_failure_ = nullptr;
+  if (first_error_) std::rethrow_exception(std::exchange(first_error_, nullptr));
+}
+
+void RankThreads::loop(int rank) {
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int)>* task = nullptr;
+    const std::function<void()>* on_failure = nullptr;
+    {
+      std::unique_lock lock(mutex_);
+      start_.wait(lock, [&] { return stopping_ || job_ != seen; });
+      if (stopping_) return;
+      seen = job_;
+      task = task_;
+      on_failure = on_failure_;
+    }
+    std::exception_ptr error;
+    try {
+      (*task)(rank);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (error) {
+      bool first = false;
+      {
+        std::lock_guard lock(mutex_);
+        first = !first_error_;
+        if (first) first_error_ = error;
+      }
+      // The others may wait in a collective for this rank: fail them too.
+      if (first && *on_failure) (*on_failure)();
+    }
+    std::lock_guard lock(mutex_);
+    if (--pending_ == 0) done_.notify_all();
+  }
+}
+
+TensorParallelModel::TensorParallelModel(const ModelConfig& config, int world, const RankSetup& setup,
+                                         RankLinks links)
+    : config_(config), links_(std::move(links)), threads_((check_tensor_parallel(config, world), world)) {
+  ranks_.resize(static_cast<size_t>(world));
+  try {
+    threads_.run([&](int r) { ranks_[r] = setup(r); }, links_.abort);
+    for (int r = 0; r < world; ++r) {
+      SPIN_CHECK(ranks_[r] != nullptr, "tensor parallel: rank {} made no model", r);
+      const AttentionShape s = ranks_[r]->attention_shape();
+      SPIN_CHECK(s.n_heads * world == config.n_heads && s.n_kv_heads * world == config.n_kv_heads,
+                 "tensor parallel: rank {} has {} query and {} KV heads, expected {} and {}", r, s.n_heads,
+                 s.n_kv_heads, config.n_heads / world, config.n_kv_heads / world);
+    }
+  } catch (...) {
+    destroy_ranks();
+    throw;
+  }
+  rank_chunks_.resize(static_cast<size_t>(world));
+  rank_logits_.resize(static_cast<size_t>(world));
+}
+
+TensorParallelModel::~TensorParallelModel() { destroy_ranks(); }
+
+void TensorParallelModel::destroy_ranks() {
+  threads_.run([&](int r) { ranks_[r].reset(); }, links_.abort);
 }
 
 AttentionShape TensorParallelModel::attention_shape() const {
-  AttentionShape s = ranks_.front()->attention_shape();
+  AttentionShape s = rank_attention_shape();
   s.n_heads = config_.n_heads;
   s.n_kv_heads = config_.n_kv_heads;
   return s;
@@ -142,57 +209,55 @@ void TensorParallelModel::forward(std::span<const SequenceChunk> chunks, bool al
       rank_chunks_[r].push_back(SequenceChunk{chunk.tokens, chunk.pos0, &kv->rank(r)});
     }
   }
-  all_logits_ = all_logits;
-  group_.reset();
-  {
-    std::unique_lock lock(mutex_);
-    first_error_ = nullptr;
-    pending_ = world;
-    ++job_;
-    start_.notify_all();
-    done_.wait(lock, [&] { return pending_ == 0; });
-    if (first_error_) std::rethrow_exception(first_error_);
-  }
+  if (links_.reset) links_.reset();
+  threads_.run([&](int r) { ranks_[r]->forward(rank_chunks_[r], all_logits, rank_logits_[r]); }, links_.abort);
   logits.swap(rank_logits_[0]);
 }
 
-void TensorParallelModel::run_rank(int rank) {
-  {
-    // OpenBLAS (OpenMP build) keeps ONE global thread count and resizes its buffers whenever a
-    // caller's OpenMP thread count differs from it; every rank sets the same count here, one at a
-    // time, so no two ranks resize at once during the GEMMs.
-    std::lock_guard lock(threads_mutex_);
-    cpu::set_num_threads(threads_per_rank_);
-  }
-  ranks_[rank]->forward(rank_chunks_[rank], all_logits_, rank_logits_[rank]);
-}
+namespace {
 
-void TensorParallelModel::worker(int rank) {
-  uint64_t seen = 0;
-  for (;;) {
+// One CPU rank: its shard and a Transformer over it, joined to the group.
+class CpuRank final : public ForwardModel {
+ public:
+  CpuRank(ModelWeights shard, std::shared_ptr<InProcessGroup> group, int rank, int threads)
+      : shard_(std::move(shard)), group_(std::move(group)), threads_(threads),
+        transformer_(shard_, &group_->communicator(rank)) {}
+
+  const ModelConfig& config() const override { return transformer_.config(); }
+  AttentionShape attention_shape() const override { return transformer_.attention_shape(); }
+
+  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override {
     {
-      std::unique_lock lock(mutex_);
-      start_.wait(lock, [&] { return stopping_ || job_ != seen; });
-      if (stopping_) return;
-      seen = job_;
+      // OpenBLAS (OpenMP build) keeps ONE process-wide thread count and resizes its buffers
+      // whenever a caller's OpenMP thread count differs from it; every rank sets the same count
+      // here, one at a time, so no two ranks resize at once during their GEMMs.
+      static std::mutex threads_mutex;
+      std::lock_guard lock(threads_mutex);
+      cpu::set_num_threads(threads_);
     }
-    std::exception_ptr error;
-    try {
-      run_rank(rank);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    if (error) {
-      {
-        std::lock_guard lock(mutex_);
-        if (!first_error_) first_error_ = error;
-      }
-      // The others may wait in an all-reduce for this rank: fail them too.
-      group_.abort();
-    }
-    std::lock_guard lock(mutex_);
-    if (--pending_ == 0) done_.notify_all();
+    transformer_.forward(chunks, all_logits, logits);
   }
+
+ private:
+  ModelWeights shard_;
+  std::shared_ptr<InProcessGroup> group_;
+  int threads_;
+  Transformer transformer_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorParallelModel> make_cpu_tensor_parallel_model(const ModelWeights& weights, int world,
+                                                                    int threads) {
+  check_tensor_parallel(weights.config, world);
+  SPIN_CHECK(threads >= 0, "tensor parallel: thread count must be >= 0, got {}", threads);
+  const int per_rank = std::max(1, (threads > 0 ? threads : cpu::num_threads()) / world);
+  auto group = std::make_shared<InProcessGroup>(world);
+  RankLinks links{.abort = [group] { group->abort(); }, .reset = [group] { group->reset(); }};
+  return std::make_unique<TensorParallelModel>(
+      weights.config, world,
+      [&](int r) { return std::make_unique<CpuRank>(shard_weights(weights, r, world), group, r, per_rank); },
+      std::move(links));
 }
 
 }  // namespace spin

@@ -18,9 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "model/communicator.h"
 #include "model/forward_model.h"
-#include "model/transformer.h"
 #include "model/weights.h"
 
 namespace spin {
@@ -47,14 +45,53 @@ class TensorParallelKv final : public SequenceKv {
   std::vector<std::unique_ptr<SequenceKv>> ranks_;
 };
 
-// N CPU Transformers over the ranks' shards, joined by an in-process all-reduce. Each forward runs
-// every rank on its own persistent thread with threads / N OpenMP threads; the logits are rank 0's
-// (every rank computes the same ones from the replicated LM head).
+// One persistent thread per rank. run(task) runs task(r) on thread r for every rank at once and
+// returns when all are done. A rank that throws calls on_failure (which must wake ranks waiting
+// for it in a collective); the first exception is rethrown, not the others' echoes of it.
+class RankThreads {
+ public:
+  explicit RankThreads(int world);
+  ~RankThreads();
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  int world_size() const { return static_cast<int>(threads_.size()); }
+  void run(const std::function<void(int rank)>& task, const std::function<void()>& on_failure);
+
+ private:
+  void loop(int rank);
+
+  std::mutex mutex_;
+  std::condition_variable start_;
+  std::condition_variable done_;
+  const std::function<void(int)>* task_ = nullptr;
+  const std::function<void()>* on_failure_ = nullptr;
+  uint64_t job_ = 0;  // tasks started
+  int pending_ = 0;   // ranks still running the current task
+  bool stopping_ = false;
+  std::exception_ptr first_error_;
+  std::vector<std::thread> threads_;
+};
+
+// What joins the ranks' collectives (an in-process group, NCCL communicators).
+struct RankLinks {
+  std::function<void()> abort;  // after a rank failed: wake the ranks waiting in a collective
+  std::function<void()> reset;  // before each forward: usable again after an abort (or throw)
+};
+
+// N rank models, one per rank thread, each over its shard and joined to the others through
+// RankLinks' collectives. forward() hands every rank its KV handles and runs all ranks at once;
+// the logits are rank 0's (each rank computes the same ones from the replicated LM head).
 class TensorParallelModel final : public ForwardModel {
  public:
-  // Copies the shards out of `weights` (which the caller may free afterwards). threads: CPU
-  // threads all ranks share; 0 = the calling thread's OpenMP default.
-  TensorParallelModel(const ModelWeights& weights, int world, int threads = 0);
+  // Makes rank r's model on rank r's own thread, all ranks at once (NCCL communicators must be
+  // created that way, and a GPU rank keeps its device current on its thread).
+  using RankSetup = std::function<std::unique_ptr<ForwardModel>(int rank)>;
+
+  // config: the whole model's. Throws spin::Error if world cannot split it or a rank's setup
+  // fails (the ranks made so far are destroyed on their threads).
+  TensorParallelModel(const ModelConfig& config, int world, const RankSetup& setup, RankLinks links);
+  // Destroys each rank's model on its own thread, all at once (NCCL teardown is collective).
   ~TensorParallelModel() override;
   TensorParallelModel(const TensorParallelModel&) = delete;
   TensorParallelModel& operator=(const TensorParallelModel&) = delete;
@@ -66,35 +103,26 @@ class TensorParallelModel final : public ForwardModel {
   // attention factory is built for.
   AttentionShape rank_attention_shape() const { return ranks_.front()->attention_shape(); }
   int world_size() const { return static_cast<int>(ranks_.size()); }
-  int threads_per_rank() const { return threads_per_rank_; }
 
   // chunks' attention must be TensorParallelKv of this world size.
   void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
 
  private:
-  void worker(int rank);
-  void run_rank(int rank);
+  void destroy_ranks();
 
   ModelConfig config_;
-  std::vector<ModelWeights> shards_;
-  InProcessGroup group_;
-  std::vector<std::unique_ptr<Transformer>> ranks_;
-  int threads_per_rank_ = 1;
-
-  // The current forward's work, read by the workers.
+  RankLinks links_;
+  RankThreads threads_;
+  std::vector<std::unique_ptr<ForwardModel>> ranks_;
+  // The current forward's work.
   std::vector<std::vector<SequenceChunk>> rank_chunks_;
   std::vector<std::vector<float>> rank_logits_;
-  bool all_logits_ = false;
-
-  std::mutex mutex_;
-  std::condition_variable start_;
-  std::condition_variable done_;
-  uint64_t job_ = 0;     // forwards started
-  int pending_ = 0;      // ranks still running the current forward
-  bool stopping_ = false;
-  std::exception_ptr first_error_;  // the failure that aborted the group, not its echoes
-  std::mutex threads_mutex_;        // serialises the ranks' thread-count setting (see run_rank)
-  std::vector<std::thread> workers_;
 };
+
+// The CPU model over `world` ranks: Transformers over the shards of `weights` (copied; the caller
+// may free weights afterwards), joined by an in-process all-reduce, each rank running its kernels
+// on threads / world OpenMP threads (threads: 0 = the calling thread's OpenMP default).
+std::unique_ptr<TensorParallelModel> make_cpu_tensor_parallel_model(const ModelWeights& weights, int world,
+                                                                    int threads = 0);
 
 }  // namespace spin

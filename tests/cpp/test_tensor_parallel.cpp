@@ -200,7 +200,7 @@ TEST(TensorParallelShard, ClearErrorsForSizesTheRanksCannotSplit) {
   }
   EXPECT_THROW(shard_weights(full, 2, 2), Error);
   EXPECT_THROW(shard_weights(full, -1, 2), Error);
-  EXPECT_THROW(TensorParallelModel(full, 4), Error);
+  EXPECT_THROW(make_cpu_tensor_parallel_model(full, 4), Error);
   EXPECT_THROW(make_tensor_parallel(full, 4), Error);
 }
 
@@ -463,7 +463,8 @@ class FailingAttention final : public SequenceAttention {
 TEST(TensorParallelModelTest, ARankFailureFailsTheForwardWithoutHanging) {
   const ModelWeights& full = weights_of(false);
   for (int world : {2, 3}) {
-    TensorParallelModel model(full, world);
+    auto tp_model = make_cpu_tensor_parallel_model(full, world);
+    TensorParallelModel& model = *tp_model;
     const AttentionShape shape = model.rank_attention_shape();
     std::vector<std::unique_ptr<SequenceKv>> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<FailingAttention>(shape, r == world - 1));
@@ -494,6 +495,98 @@ TEST(TensorParallelModelTest, ARankFailureFailsTheForwardWithoutHanging) {
     one.forward(std::span(&c1, 1), false, expect);
     EXPECT_LE(rel_err(logits, expect), 1e-4);
   }
+}
+
+// A rank model that records where it was made and destroyed.
+class ProbeRank final : public ForwardModel {
+ public:
+  ProbeRank(const ModelConfig& config, std::atomic<int>& live, std::atomic<int>& wrong_thread)
+      : config_(config), live_(live), wrong_thread_(wrong_thread), made_on_(std::this_thread::get_id()) {
+    ++live_;
+  }
+  ~ProbeRank() override {
+    --live_;
+    if (std::this_thread::get_id() != made_on_) ++wrong_thread_;
+  }
+  const ModelConfig& config() const override { return config_; }
+  AttentionShape attention_shape() const override {
+    return {config_.n_layers, config_.n_heads, config_.n_kv_heads, config_.head_dim, 1.0f};
+  }
+  void forward(std::span<const SequenceChunk>, bool, std::vector<float>& logits) override {
+    logits.assign(static_cast<size_t>(config_.vocab_size), 0.0f);
+  }
+
+ private:
+  ModelConfig config_;
+  std::atomic<int>& live_;
+  std::atomic<int>& wrong_thread_;
+  std::thread::id made_on_;
+};
+
+// Ranks are made and destroyed on their own threads (as NCCL needs); a failing setup destroys
+// the ranks already made and reports its own error.
+TEST(TensorParallelModelTest, RanksLiveOnTheirThreadsAndSetupFailuresAreReported) {
+  const ModelConfig full = tp_config(false);
+  std::atomic<int> live{0}, wrong_thread{0};
+  {
+    TensorParallelModel model(full, 3, [&](int) {
+      return std::make_unique<ProbeRank>(shard_config(full, 3), live, wrong_thread);
+    }, {});
+    EXPECT_EQ(live.load(), 3);
+    EXPECT_EQ(model.rank_attention_shape().n_kv_heads, 2);
+  }
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_EQ(wrong_thread.load(), 0);
+
+  bool aborted = false;
+  try {
+    TensorParallelModel model(full, 3, [&](int r) -> std::unique_ptr<ForwardModel> {
+      if (r == 1) fail("rank setup failed on purpose");
+      return std::make_unique<ProbeRank>(shard_config(full, 3), live, wrong_thread);
+    }, {.abort = [&] { aborted = true; }, .reset = nullptr});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("failed on purpose"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(aborted);
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_EQ(wrong_thread.load(), 0);
+
+  // A rank holding the whole model instead of its shard.
+  try {
+    TensorParallelModel model(full, 2, [&](int) {
+      return std::make_unique<ProbeRank>(full, live, wrong_thread);
+    }, {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("12 query and 6 KV heads, expected 6 and 3"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(live.load(), 0);
+}
+
+// The error a rank raised itself is reported, not another rank's echo of the abort.
+TEST(TensorParallelModelTest, RankThreadsReportTheFirstFailure) {
+  RankThreads threads(3);
+  std::vector<int> seen(3, -1);
+  threads.run([&](int r) { seen[r] = r * 10; }, {});
+  EXPECT_EQ(seen, (std::vector<int>{0, 10, 20}));
+  std::atomic<bool> aborted{false};
+  try {
+    threads.run(
+        [&](int r) {
+          if (r == 2) fail("the real failure");
+          while (!aborted) std::this_thread::yield();
+          fail("echo of the abort");
+        },
+        [&] { aborted = true; });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "the real failure");
+  }
+  // Usable again.
+  threads.run([&](int r) { seen[r] = r; }, {});
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2}));
 }
 
 // ---------------------------------------------------------------------------------------------
