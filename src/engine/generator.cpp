@@ -1,8 +1,11 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 
 #include "base/error.h"
+#include "engine/engine.h"
 #include "model/contiguous_attention.h"
 
 namespace spin {
@@ -60,6 +63,58 @@ std::vector<float> prompt_logits(ForwardModel& model, std::span<const int32_t> p
     all.insert(all.end(), logits.begin(), logits.end());
   }
   return all;
+}
+
+GenerationResult generate(ForwardModel& model, const Tokenizer* tokenizer, std::span<const int32_t> prompt,
+                          const GenerationParams& params, const std::function<void(std::string_view)>& on_text,
+                          std::vector<float>* prompt_logits_out) {
+  using clock = std::chrono::steady_clock;
+  const ModelConfig& config = model.config();
+  SPIN_CHECK(!prompt.empty(), "the prompt is empty");
+  SPIN_CHECK(params.max_tokens >= 0, "max tokens must be >= 0, got {}", params.max_tokens);
+  SPIN_CHECK(params.prefill_chunk > 0, "prefill chunk must be positive, got {}", params.prefill_chunk);
+  SPIN_CHECK(params.max_context <= config.max_position, "max context {} is longer than the model's context length {}",
+             params.max_context, config.max_position);
+  const int64_t context = params.max_context > 0 ? params.max_context : config.max_position;
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  SPIN_CHECK(n_prompt < context || (n_prompt == context && params.max_tokens == 0),
+             "the prompt has {} tokens but the context length is {}", n_prompt, context);
+  if (prompt_logits_out) *prompt_logits_out = prompt_logits(model, prompt, params.prefill_chunk);
+
+  GenerationResult result;
+  result.prompt_tokens = n_prompt;
+  result.finish_reason = "length";
+  const int64_t max_new = std::min(params.max_tokens, context - n_prompt);
+  if (max_new == 0) return result;
+  EngineConfig engine_config;
+  engine_config.max_num_seqs = 1;
+  engine_config.max_num_batched_tokens = params.prefill_chunk;
+  engine_config.max_model_len = context;
+  Engine engine(model, tokenizer, engine_config);
+  RequestParams request;
+  request.max_tokens = max_new;
+  request.sampling = params.sampling;
+  request.stop = params.stop;
+  request.ignore_eos = params.ignore_eos;
+  const auto t_start = clock::now();
+  std::optional<clock::time_point> t_first;
+  engine.add_request(std::vector<int32_t>(prompt.begin(), prompt.end()), request, [&](const RequestOutput& out) {
+    if (!t_first && !out.token_ids.empty()) t_first = clock::now();
+    result.output_ids.insert(result.output_ids.end(), out.token_ids.begin(),
+                             out.token_ids.end() - (out.stop_token ? 1 : 0));
+    result.text += out.text;
+    if (on_text && !out.text.empty()) on_text(out.text);
+    if (out.finished) result.finish_reason = out.finish_reason;
+  });
+  while (engine.has_work()) {
+    const bool decoding = t_first.has_value();  // a step after the first token feeds one back
+    engine.step();
+    result.decode_steps += decoding;
+  }
+  const auto t_end = clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(t_first.value_or(t_end) - t_start).count();
+  result.decode_seconds = std::chrono::duration<double>(t_end - t_first.value_or(t_end)).count();
+  return result;
 }
 
 }  // namespace spin

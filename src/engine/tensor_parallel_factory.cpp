@@ -37,6 +37,7 @@ class TensorParallelAttentionFactory final : public AttentionFactory {
       total.blocks = std::max(total.blocks, d.blocks);
       total.device_pages += d.device_pages;
       total.host_pages += d.host_pages;
+      total.slots = std::max(total.slots, d.slots);
     }
     return total;
   }
@@ -52,8 +53,51 @@ class TensorParallelAttentionFactory final : public AttentionFactory {
       total.blocks = std::max(total.blocks, c.blocks);
       total.device_pages += c.device_pages;
       total.host_pages += c.host_pages;
+      total.slots = total.slots == 0 ? c.slots : std::min(total.slots, c.slots);
     }
     return total;
+  }
+
+  // Buffers and swapping: every rank's share of the request, alike.
+  int64_t buffer_streams(const AttentionSettings& settings) const override {
+    int64_t streams = 0;
+    for (const auto& r : ranks_) streams += r->buffer_streams(settings);
+    return streams;
+  }
+
+  int64_t max_buffer_pages(const AttentionSettings& settings, int64_t max_tokens) const override {
+    return ranks_.front()->max_buffer_pages(settings, max_tokens);
+  }
+
+  void set_buffer_pages(SequenceKv& kv, int64_t pages) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->set_buffer_pages(rank_kv(kv, r), pages);
+  }
+
+  std::optional<KvCacheCounts> cache_counts(const SequenceKv& kv) const override {
+    std::optional<KvCacheCounts> total;
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const std::optional<KvCacheCounts> c = ranks_[r]->cache_counts(rank_kv(const_cast<SequenceKv&>(kv), r));
+      if (!c) continue;
+      if (!total) total.emplace();
+      total->hits += c->hits;
+      total->misses += c->misses;
+    }
+    return total;
+  }
+
+  bool can_swap(const SequenceKv& kv) const override {
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      if (!ranks_[r]->can_swap(rank_kv(const_cast<SequenceKv&>(kv), r))) return false;
+    }
+    return true;
+  }
+
+  void swap_out(SequenceKv& kv) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->swap_out(rank_kv(kv, r));
+  }
+
+  void swap_in(SequenceKv& kv) override {
+    for (size_t r = 0; r < ranks_.size(); ++r) ranks_[r]->swap_in(rank_kv(kv, r));
   }
 
   bool single_token_is_decode(const AttentionSettings& settings) const override {
@@ -88,6 +132,12 @@ class TensorParallelAttentionFactory final : public AttentionFactory {
   }
 
  private:
+  static SequenceKv& rank_kv(SequenceKv& kv, size_t rank) {
+    auto* tp = dynamic_cast<TensorParallelKv*>(&kv);
+    SPIN_CHECK(tp != nullptr, "tensor parallel: the sequence was not made by this factory");
+    return tp->rank(static_cast<int>(rank));
+  }
+
   std::vector<std::unique_ptr<AttentionFactory>> ranks_;
 };
 
