@@ -341,7 +341,8 @@ void Engine::grow_buffers() {
   const auto cost_at = [&](int64_t level) {
     int64_t cost = 0;
     for (const Request* r : running_) {
-      if (r->decoding) cost += r->buffer_streams * std::max<int64_t>(std::min(level, r->max_buffer_pages) - r->buffer_pages, 0);
+      if (!r->decoding) continue;
+      cost += r->buffer_streams * std::max<int64_t>(std::min(level, r->max_buffer_pages) - r->buffer_pages, 0);
     }
     return cost;
   };
@@ -358,7 +359,8 @@ void Engine::grow_buffers() {
     }
   }
   for (Request* r : running_) {
-    if (r->decoding && std::min(low, r->max_buffer_pages) > r->buffer_pages) resize_buffer(*r, std::min(low, r->max_buffer_pages));
+    const int64_t target = std::min(low, r->max_buffer_pages);
+    if (r->decoding && target > r->buffer_pages) resize_buffer(*r, target);
   }
 }
 

@@ -163,7 +163,8 @@ struct StreamResponse {
       auto& [i, out] = *item;
       choices->completion_tokens[i] = out.completion_tokens;
       if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
-        const json logprobs = with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
+        const json logprobs =
+            with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
         choices->text_bytes[i] += static_cast<int64_t>(out.text.size());
         if (!send(dump(chunk_body(ep, id, created, model, i, out.text, "", false, logprobs)))) return gone();
       }
@@ -402,7 +403,9 @@ void HttpServer::install_routes() {
         size_t n_finished = 0;
         // Nothing is written until the end, so the socket itself is watched for the client leaving.
         const int socket_fd = connection_socket(req);
-        if (socket_fd < 0) spdlog::warn("{} {}: connection socket not found; a disconnect is seen only at the end", req.path, id);
+        if (socket_fd < 0) {
+          spdlog::warn("{} {}: connection socket not found; a disconnect is seen only at the end", req.path, id);
+        }
         constexpr auto kSocketCheck = std::chrono::milliseconds(100);
         auto next_check = std::chrono::steady_clock::now() + kSocketCheck;
         while (n_finished < n) {

@@ -375,11 +375,14 @@ TEST(EngineSparse, SwapPreemptionResumesWithoutRecompute) {
   std::mt19937 rng(51);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, 120 + 16 * i));
-  const std::unique_ptr<Engine> engine = paged_engine(8, kContext, streams * 2 * (kContext / 16), streams * 8 * (kContext / 16));
+  const std::unique_ptr<Engine> engine =
+      paged_engine(8, kContext, streams * 2 * (kContext / 16), streams * 8 * (kContext / 16));
   const KvStoreUsage idle = *engine->metrics().kv_store;
   Collector c;
   std::vector<uint64_t> ids;
-  for (const auto& prompt : prompts) ids.push_back(engine->add_request(prompt, greedy(kTokens, attention), c.callback()));
+  for (const auto& prompt : prompts) {
+    ids.push_back(engine->add_request(prompt, greedy(kTokens, attention), c.callback()));
+  }
   run_to_end(*engine);
   const EngineMetrics m = engine->metrics();
   // Decoding victims are swapped out; one still in its prefill has no host KV and is recomputed.
