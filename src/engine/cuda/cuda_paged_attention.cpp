@@ -195,12 +195,21 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   // Zeros, not leftover bytes, in pages no token has written (benchmarks time uncomputed KV).
   cuda_check(cudaMemset(pool_.get(), 0, pool_.bytes()), "KV pool clear");
   cuda_check(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming), "event creation");
-  // Step tables for a full decode batch at full context, so serving never reallocates them (which
-  // would drop the model's CUDA graphs).
-  const int64_t decode_entries = c.max_batch * shape.n_kv_heads * (pages_for(c.max_context) + 2) + 4 * c.max_batch;
+  // Buffers for a full decode batch (rounded up as the model pads it) at full context, so serving
+  // never reallocates them, which would drop the model's CUDA graphs.
+  const int64_t max_rows = (c.max_batch + 7) / 8 * 8;
+  const int64_t decode_entries = max_rows * shape.n_kv_heads * (pages_for(c.max_context) + 3) + 2 * max_rows + 8;
   tables_.reserve(static_cast<size_t>(decode_entries), "KV step tables");
   tables_host_.reserve(static_cast<size_t>(decode_entries));
-  decode_q_.reserve(static_cast<size_t>(c.max_batch * q_width_), "decode queries");
+  decode_q_.reserve(static_cast<size_t>(max_rows * q_width_), "decode queries");
+  size_t workspace_bytes = 0;
+  for (int64_t rows = 1; rows <= max_rows; rows = rows < 8 ? rows * 2 : rows + 8) {
+    for (int64_t bucket = kMinContextBucket;; bucket *= 2) {
+      workspace_bytes = std::max(workspace_bytes, cuda::paged_decode_workspace_bytes(decode_params(rows, bucket)));
+      if (bucket >= c.max_context) break;
+    }
+  }
+  workspace_.reserve(workspace_bytes, "decode split-K workspace");
   epoch_ = new_buffers_epoch();
 }
 

@@ -66,7 +66,7 @@ int64_t CudaModel::padded_decode_rows(int64_t n) {
   return (n + 7) / 8 * 8;
 }
 
-CudaModel::CudaModel(const ModelConfig& config, bool separate_lm_head, const CudaModelOptions& options)
+CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options, bool separate_lm_head)
     : config_(config), options_(options), separate_lm_head_(separate_lm_head) {
   config_.validate();
   SPIN_CHECK(options_.max_batch_tokens > 0, "CUDA model: max batch tokens must be positive, got {}",
@@ -81,7 +81,7 @@ CudaModel::CudaModel(const ModelConfig& config, bool separate_lm_head, const Cud
 }
 
 CudaModel::CudaModel(const ModelWeights& weights, const CudaModelOptions& options)
-    : CudaModel(weights.config, !weights.lm_head.empty(), options) {
+    : CudaModel(weights.config, options, !weights.lm_head.empty()) {
   weights.validate_shapes();
   const int64_t hidden = config_.hidden_size, ffn = config_.intermediate_size;
   upload_bf16(weights.tok_embd.data, tok_embd_.get());
@@ -108,7 +108,7 @@ CudaModel::CudaModel(const ModelWeights& weights, const CudaModelOptions& option
 }
 
 CudaModel::CudaModel(const ModelConfig& config, uint64_t seed, const CudaModelOptions& options)
-    : CudaModel(config, !config.tie_embeddings, options) {
+    : CudaModel(config, options, !config.tie_embeddings) {
   const int64_t hidden = config_.hidden_size, ffn = config_.intermediate_size;
   DeviceDummyFiller fill(seed, stream_);
   fill.matrix(tok_embd_.get(), config_.vocab_size, hidden);

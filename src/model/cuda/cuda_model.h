@@ -72,7 +72,7 @@ class CudaModel final : public ForwardModel {
   // A captured decode step: batch rows, the attention store, its layout, this model's buffers.
   using GraphKey = std::tuple<int64_t, const DeviceAttention*, int64_t, uint64_t, uint64_t>;
 
-  CudaModel(const ModelConfig& config, bool separate_lm_head, const CudaModelOptions& options);
+  CudaModel(const ModelConfig& config, const CudaModelOptions& options, bool separate_lm_head);
   void allocate_weights();
   void finish_setup();
   void reserve_activations(int64_t rows, int64_t logit_rows);
