@@ -194,6 +194,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   pool_.reserve(layer_elems_ * static_cast<size_t>(shape.n_layers), "KV cache pool");
   // Zeros, not leftover bytes, in pages no token has written (benchmarks time uncomputed KV).
   cuda_check(cudaMemset(pool_.get(), 0, pool_.bytes()), "KV pool clear");
+  // The clear runs on the legacy stream, which the model's non-blocking stream does not wait for.
+  cuda_check(cudaDeviceSynchronize(), "KV pool clear");
   cuda_check(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming), "event creation");
   // Buffers for a full decode batch (rounded up as the model pads it) at full context, so serving
   // never reallocates them, which would drop the model's CUDA graphs.
@@ -331,8 +333,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
   const int64_t bucket = context_bucket(max_decode_tokens);
-  bool moved = tables_.reserve(static_cast<size_t>(total + total / 2), "KV step tables");
-  tables_host_.reserve(tables_.size());
+  bool moved = false;
+  if (static_cast<size_t>(total) > tables_.size()) {
+    moved |= tables_.reserve(static_cast<size_t>(total + total / 2), "KV step tables");
+    tables_host_.reserve(tables_.size());
+  }
   moved |= decode_q_.reserve(static_cast<size_t>(std::max<int64_t>(decode_rows, 1) * q_width_), "decode queries");
   if (decode_rows > 0) {
     moved |= workspace_.reserve(cuda::paged_decode_workspace_bytes(decode_params(decode_rows, bucket)),
@@ -405,20 +410,20 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     seqs[i]->stored(chunks[i].pos0 + static_cast<int64_t>(chunks[i].tokens.size()));
   }
   const int32_t* d = tables_.get();
-  step_ = Step{rows,
-               decode_rows,
-               prefill_seqs,
-               max_new_tokens,
-               bucket,
-               d + at_page_of,
-               d + at_slot_of,
-               d + at_decode_offsets,
-               d + at_decode_tokens,
-               d + at_decode_pages,
-               d + at_prefill_offsets,
-               d + at_prefill_token_offsets,
-               d + at_prefill_first_pos,
-               d + at_prefill_pages};
+  step_ = Step{.rows = rows,
+               .decode_rows = decode_rows,
+               .prefill_seqs = prefill_seqs,
+               .max_new_tokens = max_new_tokens,
+               .context_bucket = bucket,
+               .page_of = d + at_page_of,
+               .slot_of = d + at_slot_of,
+               .decode_offsets = d + at_decode_offsets,
+               .decode_tokens = d + at_decode_tokens,
+               .decode_pages = d + at_decode_pages,
+               .prefill_offsets = d + at_prefill_offsets,
+               .prefill_token_offsets = d + at_prefill_token_offsets,
+               .prefill_first_pos = d + at_prefill_first_pos,
+               .prefill_pages = d + at_prefill_pages};
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_};
 }
 

@@ -55,7 +55,8 @@ class DeviceDummyFiller {
   uint64_t next_id_ = 0;
 };
 
-constexpr int64_t kMinContextBucket = 64;
+// Captured decode graphs kept at once (batch sizes x context buckets of one store are far fewer).
+constexpr size_t kMaxGraphs = 512;
 
 }  // namespace
 
@@ -329,6 +330,7 @@ void CudaModel::run_graph(const GraphKey& key, DeviceAttention& attention, int64
       ++it;
     }
   }
+  if (graphs_.size() >= kMaxGraphs) drop_graphs();  // e.g. graphs of stores that are gone
   cudaGraph_t graph = nullptr;
   cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "CUDA graph capture");
   try {
