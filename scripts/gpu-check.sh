@@ -4,6 +4,8 @@
 # PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
 # SPIN_GPU_BENCH=0 skips the benchmarks (=kernels or =model runs only that part);
 # SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
+# SPIN_GPU_PREBUILT=<dir> uses binaries built elsewhere (scripts/gpu-prebuild.sh: bin/, tests/)
+# instead of building here, which saves the device minutes of compiling.
 # Results go to $OUT (when set) so they come back with the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,18 +19,24 @@ export PKG_CONFIG_SYSROOT_DIR=$deps
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPIN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DSPIN_DEPS_ROOT="$deps" -DCMAKE_PREFIX_PATH="$deps/usr" \
-  >"$out/configure.log" 2>&1 || { tail -n 40 "$out/configure.log"; exit 1; }
-cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 -E 'error' "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
+bin=build/gpu
+if [ -n "${SPIN_GPU_PREBUILT:-}" ]; then
+  bin=$SPIN_GPU_PREBUILT
+  chmod +x "$bin"/bin/* "$bin"/tests/* 2>/dev/null || true
+else
+  cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPIN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPIN_DEPS_ROOT="$deps" -DCMAKE_PREFIX_PATH="$deps/usr" \
+    >"$out/configure.log" 2>&1 || { tail -n 40 "$out/configure.log"; exit 1; }
+  cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 -E 'error' "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
+fi
 
 status=0
-build/gpu/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
+$bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
 bench=${SPIN_GPU_BENCH:-1}
 if [ "$bench" = 1 ] || [ "$bench" = kernels ]; then
   echo "== spin kernel benchmarks"
-  build/gpu/bin/spin_bench_gpu_kernels all "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
+  $bin/bin/spin_bench_gpu_kernels all "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
   echo "== PyTorch SDPA on the same shapes"
   PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_bench.py "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || status=1
 fi
@@ -36,7 +44,7 @@ if [ "$bench" = 1 ] || [ "$bench" = model ]; then
   # The bf16 forward pass on dummy weights made on the device: decode tok/s against the bytes a
   # step must read over the measured device copy bandwidth, then CUDA graphs off for the A/B.
   echo "== spin model benchmark (GPU forward pass)"
-  model_bench=(build/gpu/bin/spin_bench_model --device cuda --load-format dummy --decode-tokens 32 --repeats 3)
+  model_bench=($bin/bin/spin_bench_model --device cuda --load-format dummy --decode-tokens 32 --repeats 3)
   "${model_bench[@]}" --model qwen3-14b --batch 1 8 32 --decode-context 1024 8192 32768 --prefill 512 4096 \
     2>&1 | tee "$out/model_qwen3-14b.md" || status=1
   "${model_bench[@]}" --model llama-3.1-8b --batch 1 8 32 --decode-context 1024 8192 --prefill 4096 \

@@ -3,7 +3,8 @@
 // (a) dense paged decode attention (the PyTorch SDPA side is bench/gpu/sdpa_bench.py);
 // (b) sparse decode over selected pages vs the same kernel over contiguous pages of equal bytes;
 // (c) retrieve gather host->device vs per-page cudaMemcpyAsync, cudaMemcpyBatchAsync and one bulk
-//     copy. Timing: a CUDA graph of `reps_per_graph` calls rotating over input copies (so L2 holds
+//     copy; (d) causal prefill attention over paged KV (rows `prefill`: the `bytes` column holds
+//     the causal FLOPs 2*2*heads*d*n^2/2 and `gbps` GFLOP/s). Timing: a CUDA graph of `reps_per_graph` calls rotating over input copies (so L2 holds
 //     none of them), warm-up replays, then the median over >= 25 timed replays with events.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,6 +21,7 @@
 
 #include "kernels/cuda/gather.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/prefill_attention.h"
 
 namespace {
 
@@ -45,6 +47,18 @@ void emit(const std::string& bench, const std::string& config, const std::string
   std::fflush(g_csv);
   std::printf("%-8s %-28s %-24s %10.2f us %9.1f GB/s\n", bench.c_str(), config.c_str(),
               variant.c_str(), time_us, gbps);
+  std::fflush(stdout);
+}
+
+// Prefill rows: `flops` in the bytes column, GFLOP/s in the gbps column.
+void emit_flops(const std::string& bench, const std::string& config, const std::string& variant,
+                double time_us, double flops) {
+  const double gflops = flops / (time_us * 1e-6) / 1e9;
+  std::fprintf(g_csv, "%s,%s,%s,%.3f,%.0f,%.2f\n", bench.c_str(), config.c_str(), variant.c_str(),
+               time_us, flops, gflops);
+  std::fflush(g_csv);
+  std::printf("%-8s %-28s %-24s %10.2f us %9.1f TFLOP/s\n", bench.c_str(), config.c_str(),
+              variant.c_str(), time_us, gflops / 1e3);
   std::fflush(stdout);
 }
 
@@ -381,6 +395,80 @@ void bench_gather(cudaStream_t stream, std::mt19937& rng) {
   cudaFreeHost(host);
 }
 
+// (d) causal prefill of one sequence (32 query heads, 8 KV heads, d=128, page 16, pages in a
+// random physical order): whole prompts of 4K/16K/32K tokens from position 0 (PyTorch SDPA runs
+// the same shapes on contiguous tensors), and the last 8K-token chunk of a 32K prompt (24K
+// earlier positions read from the pages; spin only). FLOPs counted as 2*2*heads*d*(n^2/2 +
+// n*earlier): QK^T and PV over the causal half, as the flash-attention papers count them.
+void bench_prefill(cudaStream_t stream, std::mt19937& rng) {
+  const int kv_heads = 8, group = 4, d = 128, page = 16;
+  const int q_heads = kv_heads * group;
+  struct Shape {
+    int new_tokens, first_pos;
+  };
+  for (const Shape shape : {Shape{4096, 0}, Shape{16384, 0}, Shape{32768, 0}, Shape{8192, 24576}}) {
+    const int n = shape.new_tokens, kv_len = shape.first_pos + shape.new_tokens;
+    const int pages_per_head = (kv_len + page - 1) / page;
+    const size_t pool_pages = static_cast<size_t>(kv_heads) * pages_per_head;
+    const size_t page_elems = size_t{2} * page * d;
+    const size_t q_elems = static_cast<size_t>(n) * q_heads * d;
+    __nv_bfloat16 *pool, *q, *out;
+    CHECK_CUDA(cudaMalloc(&pool, pool_pages * page_elems * 2));
+    CHECK_CUDA(cudaMalloc(&q, q_elems * 2));
+    CHECK_CUDA(cudaMalloc(&out, q_elems * 2));
+    fill(pool, pool_pages * page_elems, 21);
+    fill(q, q_elems, 22);
+    std::vector<int32_t> ids(pool_pages), lists(kv_heads + 1), tokens{0, n}, first{shape.first_pos};
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int h = 0; h <= kv_heads; ++h) lists[h] = h * pages_per_head;
+    int32_t *d_ids, *d_lists, *d_tokens, *d_first;
+    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+    CHECK_CUDA(cudaMalloc(&d_lists, lists.size() * 4));
+    CHECK_CUDA(cudaMalloc(&d_tokens, tokens.size() * 4));
+    CHECK_CUDA(cudaMalloc(&d_first, first.size() * 4));
+    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_lists, lists.data(), lists.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_tokens, tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_first, first.data(), first.size() * 4, cudaMemcpyHostToDevice));
+    spin::cuda::PagedPrefillParams p;
+    p.q = q;
+    p.kv_pool = pool;
+    p.page_ids = d_ids;
+    p.list_offsets = d_lists;
+    p.token_offsets = d_tokens;
+    p.first_pos = d_first;
+    p.num_seqs = 1;
+    p.num_kv_heads = kv_heads;
+    p.group = group;
+    p.head_dim = d;
+    p.page_size = page;
+    p.max_new_tokens = n;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const double flops =
+        4.0 * q_heads * d * (0.5 * static_cast<double>(n) * n + static_cast<double>(n) * shape.first_pos);
+    char config[96];
+    if (shape.first_pos == 0)
+      std::snprintf(config, sizeof config, "hq32/hkv8 d128 %dK", n / 1024);
+    else
+      std::snprintf(config, sizeof config, "hq32/hkv8 d128 %dK after %dK", n / 1024, shape.first_pos / 1024);
+    for (int variant : {-1, 1}) {
+      p.variant = variant;
+      const double t = time_graph(stream, 2, [&](int) {
+        CHECK_CUDA(spin::cuda::paged_prefill_attention(p, out, stream));
+      });
+      emit_flops("prefill", config, variant < 0 ? "spin" : "spin variant 1 (8x16)", t, flops);
+    }
+    cudaFree(d_ids);
+    cudaFree(d_lists);
+    cudaFree(d_tokens);
+    cudaFree(d_first);
+    cudaFree(pool);
+    cudaFree(q);
+    cudaFree(out);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,6 +486,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "dense") bench_dense(stream, rng);
   if (what == "all" || what == "sparse") bench_sparse(stream, rng);
   if (what == "all" || what == "gather") bench_gather(stream, rng);
+  if (what == "all" || what == "prefill") bench_prefill(stream, rng);
   if (csv_path) std::fclose(g_csv);
   return 0;
 }

@@ -53,6 +53,22 @@ def main():
         s, cu, fl = get("dense", c, "spin"), get("dense", c, "torch cudnn"), get("dense", c, "torch flash")
         print(f"| {c} | {fmt(s)} | {fmt(cu)} | {fmt(fl)} | {ratio(s, cu)} | {ratio(s, fl)} |")
 
+    # Prefill rows carry GFLOP/s in the gbps column (see gpu_kernels_bench.cu).
+    times = {(r["bench"], r["config"], r["variant"]): float(r["time_us"]) for r in rows}
+
+    def tflops(v):
+        return "n/a" if v is None else f"{v / 1e3:.0f}"
+
+    print("\n| causal prefill, one sequence (bf16, hq32/hkv8, d128, page 16) | spin ms | spin TFLOP/s | spin 8x16 TFLOP/s | cuDNN TFLOP/s | flash TFLOP/s | spin/cuDNN | spin/flash |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "prefill"):
+        s = by.get(("prefill", c, "spin"))
+        t = times.get(("prefill", c, "spin"))
+        s8 = get("prefill", c, "spin variant 1")
+        cu, fl = get("prefill", c, "torch cudnn"), get("prefill", c, "torch flash")
+        ms = "n/a" if t is None else f"{t / 1e3:.2f}"
+        print(f"| {c} | {ms} | {tflops(s)} | {tflops(s8)} | {tflops(cu)} | {tflops(fl)} | {ratio(s, cu)} | {ratio(s, fl)} |")
+
     print("\n| sparse decode (2K of 128K per KV head, page 16) | sparse GB/s | dense equal-bytes GB/s | sparse/dense |")
     print("|---|---|---|---|")
     for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "sparse"):

@@ -1,10 +1,15 @@
 """PyTorch SDPA decode attention (cuDNN and flash backends) on the shapes of
-gpu_kernels_bench.cu's dense benchmark, as CSV rows bench,config,variant,time_us,bytes,gbps.
+gpu_kernels_bench.cu's dense benchmark, as CSV rows bench,config,variant,time_us,bytes,gbps;
+then causal prefill on the shapes of its prefill benchmark (rows `prefill`: the bytes column
+holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s).
 
 Contiguous bf16 K/V [B, Hkv, S, 128], q [B, Hq, 1, 128], GQA through enable_gqa. Timing matches
 the spin side: a CUDA graph of max(copies, 4) calls rotating over input copies (>= 512 MB per
 graph, so L2 serves none), 3 warm-up replays, median of 25 timed replays; eager calls if a
 backend cannot be captured. Bytes: K + V read, q read, out written.
+Prefill: one sequence, q [1, 32, n, 128], contiguous K/V [1, 8, n, 128], is_causal=True,
+enable_gqa=True (K/V expanded to 32 heads if a backend refuses GQA; the row says so); a graph of
+2 calls on the same inputs (compute-bound: L2 reuse across calls does not matter).
 """
 import statistics
 import sys
@@ -88,6 +93,44 @@ def main():
                     out.flush()
                     print(f"dense    {config:28s} torch {name} {mode:6s} {t:10.2f} us {gbps:9.1f} GB/s", flush=True)
                 del qs, ks, vs
+    prefill(out, backends)
+
+
+def prefill(out, backends):
+    d, hkv, hq = 128, 8, 32
+    for n in (4096, 16384, 32768):
+        torch.cuda.empty_cache()
+        gen = torch.Generator(device="cuda").manual_seed(2)
+        q = torch.randn(1, hq, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(1, hkv, n, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        flops = 4 * hq * d * n * n / 2
+        config = f"hq32/hkv8 d128 {n // 1024}K"
+        for name, backend in backends:
+            result = None
+            for expanded in (False, True):
+                kk = k.repeat_interleave(hq // hkv, dim=1) if expanded else k
+                vv = v.repeat_interleave(hq // hkv, dim=1) if expanded else v
+
+                def call(_i, backend=backend, kk=kk, vv=vv, expanded=expanded):
+                    with sdpa_kernel([backend]):
+                        return F.scaled_dot_product_attention(q, kk, vv, is_causal=True,
+                                                              enable_gqa=not expanded)
+                try:
+                    result = time_calls(call, 2), expanded
+                    break
+                except Exception as exc:  # noqa: BLE001 - report, then try expanded K/V or go on
+                    print(f"{config} {name} expanded={expanded}: {type(exc).__name__}: {str(exc)[:200]}",
+                          file=sys.stderr)
+            if result is None:
+                continue
+            (t, mode), expanded = result
+            variant = f"torch {name}{' kv-expanded' if expanded else ''} {mode}"
+            gflops = flops / (t * 1e-6) / 1e9
+            out.write(f"prefill,{config},{variant},{t:.3f},{flops:.0f},{gflops:.2f}\n")
+            out.flush()
+            print(f"prefill  {config:28s} {variant:24s} {t:10.2f} us {gflops / 1e3:9.1f} TFLOP/s", flush=True)
+        del q, k, v
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@
 
 namespace spin {
 
-Transformer::Transformer(const ModelWeights& weights)
-    : weights_(weights), rope_(make_rope_table(weights.config.rope, weights.config.head_dim)) {}
+Transformer::Transformer(const ModelWeights& weights, Communicator* communicator)
+    : weights_(weights), communicator_(communicator), rope_(make_rope_table(weights.config.rope, weights.config.head_dim)) {}
 
 AttentionShape Transformer::attention_shape() const {
   const ModelConfig& c = weights_.config;
@@ -89,6 +89,7 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
       t0 += n;
     }
     cpu::matmul_nt(attn_.data(), L.wo.data.data(), h_.data(), n_tokens, hidden, q_width);
+    if (communicator_) communicator_->all_reduce_sum(h_.data(), n_tokens * hidden);
     cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
 
     cpu::rmsnorm(x_.data(), L.ffn_norm.data(), h_.data(), n_tokens, hidden, c.rms_eps);
@@ -96,6 +97,7 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
     cpu::matmul_nt(h_.data(), L.w_up.data.data(), up_.data(), n_tokens, ffn, hidden);
     cpu::silu_mul(gate_.data(), up_.data(), n_tokens * ffn);
     cpu::matmul_nt(gate_.data(), L.w_down.data.data(), h_.data(), n_tokens, hidden, ffn);
+    if (communicator_) communicator_->all_reduce_sum(h_.data(), n_tokens * hidden);
     cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
   }
 

@@ -28,16 +28,18 @@ inline double rel_error(const float* a, const float* b, size_t n) {
   return std::sqrt(num / den);
 }
 
+// Room for `requests` sequences of max_context tokens in each tier.
 struct PagedStore {
   spin::kv::KvConfig config;
   std::unique_ptr<spin::kv::HostPageMemory> memory;
   std::unique_ptr<spin::kv::KvManager> kv;
-  PagedStore(const spin::AttentionShape& shape, uint32_t max_context, uint32_t page_size) {
+  PagedStore(const spin::AttentionShape& shape, uint32_t max_context, uint32_t page_size, uint32_t requests = 1) {
     config.layout = {static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
                      static_cast<uint32_t>(shape.head_dim), page_size};
-    const uint32_t pages = config.layout.pages_for_tokens(max_context) * config.layout.streams();
+    const uint32_t pages = config.layout.pages_for_tokens(max_context) * config.layout.streams() * requests;
     config.device_pages = pages;
     config.host_pages = pages;
+    config.max_batch = requests;
     config.max_context = max_context;
     memory = std::make_unique<spin::kv::HostPageMemory>(config.layout, pages, pages);
     kv = std::make_unique<spin::kv::KvManager>(config, *memory);

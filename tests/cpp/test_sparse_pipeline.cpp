@@ -15,6 +15,7 @@
 #include "model/loader.h"
 #include "model/transformer.h"
 #include "sparse/paged_sparse_attention.h"
+#include "sparse_exactness.h"
 
 namespace {
 
@@ -40,83 +41,16 @@ const spin::sparse::AlgorithmRegistrar kNewestRegistration(
       return std::make_unique<NewestPagesAlgorithm>();
     });
 
-double rel_error(const float* a, const float* b, size_t n) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-    den += double{b[i]} * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // A KV store with room for `requests` sequences of max_context tokens, dense on the device.
-struct Store {
-  spin::kv::KvConfig config;
-  std::unique_ptr<spin::kv::HostPageMemory> memory;
-  std::unique_ptr<spin::kv::KvManager> kv;
-  Store(const AttentionShape& shape, uint32_t max_context, uint32_t requests = 1) {
-    config.layout = {static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
-                     static_cast<uint32_t>(shape.head_dim), kPage};
-    const uint32_t pages = config.layout.pages_for_tokens(max_context) * config.layout.streams() * requests;
-    config.device_pages = pages;
-    config.host_pages = pages;
-    config.max_batch = requests;
-    config.max_context = max_context;
-    memory = std::make_unique<spin::kv::HostPageMemory>(config.layout, pages, pages);
-    kv = std::make_unique<spin::kv::KvManager>(config, *memory);
-  }
-  std::unique_ptr<PagedSparseAttention> attention(const AttentionShape& shape,
-                                                  const SparseSettings& settings) {
-    return std::make_unique<PagedSparseAttention>(*kv, *memory, shape, settings);
-  }
+struct Store : spin_test::PagedStore {
+  Store(const AttentionShape& shape, uint32_t max_context, uint32_t requests = 1)
+      : PagedStore(shape, max_context, kPage, requests) {}
 };
 
 const AttentionShape kShape{3, 8, 2, 16, 0.25f};  // GQA groups of 4
 
-// Random q/k/v for `n` tokens of every layer, fed to both attentions layer by layer.
-struct RandomFeed {
-  std::mt19937 rng{7};
-  std::normal_distribution<float> normal{0.0f, 1.0f};
-  std::vector<float> q, k, v, out_a, out_b;
-  // Returns the largest relative error of any layer's output.
-  double step(spin::SequenceAttention& a, spin::SequenceAttention& b, const AttentionShape& s,
-              int64_t pos0, int64_t n) {
-    const int64_t qw = s.n_heads * s.head_dim, kw = s.n_kv_heads * s.head_dim;
-    double worst = 0.0;
-    for (int64_t l = 0; l < s.n_layers; ++l) {
-      q.resize(n * qw);
-      k.resize(n * kw);
-      v.resize(n * kw);
-      for (float& x : q) x = 1.5f * normal(rng);
-      for (float& x : k) x = 1.5f * normal(rng);
-      for (float& x : v) x = normal(rng);
-      out_a.assign(n * qw, 0.0f);
-      out_b.assign(n * qw, 0.0f);
-      a.forward(l, pos0, n, {.q = q.data(), .k = k.data(), .v = v.data()}, out_a.data());
-      b.forward(l, pos0, n, {.q = q.data(), .k = k.data(), .v = v.data()}, out_b.data());
-      for (float x : out_a) EXPECT_TRUE(std::isfinite(x));
-      worst = std::max(worst, rel_error(out_a.data(), out_b.data(), out_a.size()));
-    }
-    return worst;
-  }
-};
-
-// Chunked prefill of 150 tokens, then 40 decode steps (crossing pages, so pages are indexed and
-// slide out of the window during decode).
 double max_error_vs_dense(const SparseSettings& settings) {
-  Store store(kShape, 256);
-  auto paged = store.attention(kShape, settings);
-  spin::ContiguousAttention dense(kShape, 256);
-  RandomFeed feed;
-  double worst = 0.0;
-  int64_t pos = 0;
-  for (int64_t chunk : {64, 64, 22}) {
-    worst = std::max(worst, feed.step(*paged, dense, kShape, pos, chunk));
-    pos += chunk;
-  }
-  for (int i = 0; i < 40; ++i, ++pos) worst = std::max(worst, feed.step(*paged, dense, kShape, pos, 1));
-  EXPECT_EQ(paged->length(), pos);
-  return worst;
+  return spin_test::max_error_vs_dense(kShape, settings, kPage);
 }
 
 TEST(SparsePipeline, FullBudgetEqualsDenseOnRandomInputs) {
@@ -129,47 +63,11 @@ TEST(SparsePipeline, FullBudgetEqualsDenseOnRandomInputs) {
 }
 
 TEST(SparsePipeline, FullBudgetEqualsDenseThroughTheTransformer) {
-  const spin::ModelWeights weights =
-      spin::make_dummy_weights(spin::preset_config("tiny-llama"), 1234);
-  spin::Transformer model(weights);
-  const AttentionShape shape = model.attention_shape();
-  const int32_t vocab = static_cast<int32_t>(weights.config.vocab_size);
-  std::vector<int32_t> prompt(100);
-  std::mt19937 rng(5);
-  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % vocab);
-
-  // Greedy decode with each attention; every logit row compared with the dense reference.
-  auto run = [&](spin::SequenceAttention& attention, std::vector<std::vector<float>>& rows) {
-    std::vector<float> logits;
-    spin::SequenceChunk chunk{prompt, 0, &attention};
-    model.forward(std::span(&chunk, 1), false, logits);
-    rows.push_back(logits);
-    int64_t pos = static_cast<int64_t>(prompt.size());
-    for (int i = 0; i < 16; ++i, ++pos) {
-      const int32_t next =
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      spin::SequenceChunk step{std::span(&next, 1), pos, &attention};
-      model.forward(std::span(&step, 1), false, logits);
-      rows.push_back(logits);
-    }
-  };
-  std::vector<std::vector<float>> expected;
-  spin::ContiguousAttention dense(shape, 256);
-  run(dense, expected);
-
   for (const char* name : {"dense", "dense-offload", "quest", "test-newest"}) {
     for (uint32_t first_dense : {0u, 2u}) {
-      Store store(shape, 256);
-      auto paged = store.attention(
-          shape, {.algorithm = name, .budget_fraction = 1.0, .first_dense_layers = first_dense});
-      std::vector<std::vector<float>> got;
-      run(*paged, got);
-      ASSERT_EQ(got.size(), expected.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        EXPECT_LE(rel_error(got[i].data(), expected[i].data(), got[i].size()), 1e-6)
-            << name << " step " << i << " first dense " << first_dense;
-      }
-      EXPECT_TRUE(paged->prefill_done());
+      const SparseSettings s{.algorithm = name, .budget_fraction = 1.0, .first_dense_layers = first_dense};
+      EXPECT_LE(spin_test::max_logit_error_through_transformer(s, kPage), 1e-6)
+          << name << " first dense " << first_dense;
     }
   }
 }
@@ -178,7 +76,7 @@ TEST(SparsePipeline, FullBudgetEqualsDenseThroughTheTransformer) {
 void drive(PagedSparseAttention& a, const AttentionShape& s, int64_t prompt, int steps,
            const std::function<void(int64_t pos)>& after_step = {}) {
   spin::ContiguousAttention dense(s, prompt + steps);
-  RandomFeed feed;
+  spin_test::RopedFeed feed(s.head_dim);
   feed.step(a, dense, s, 0, prompt);
   for (int i = 0; i < steps; ++i) {
     feed.step(a, dense, s, prompt + i, 1);
@@ -252,7 +150,7 @@ TEST(SparsePipeline, SmallBudgetAttendsExactlyTheSelectedPages) {
   Store store(s, 256);
   auto a = store.attention(s, {.algorithm = "test-newest", .budget_tokens = 2 * kPage});
   spin::ContiguousAttention unused(s, 256);
-  RandomFeed feed;
+  spin_test::RopedFeed feed(s.head_dim);
   std::vector<float> all_k, all_v;  // [pos][kv_head][d]
   auto record = [&](int64_t n) {
     all_k.insert(all_k.end(), feed.k.begin(), feed.k.begin() + n * 32);

@@ -13,7 +13,8 @@ namespace spin::cuda {
 
 struct PagedPrefillParams {
   const __nv_bfloat16* q = nullptr;        // [total_tokens][num_kv_heads * group][head_dim]
-  int64_t q_row_stride = 0;                // elements between tokens' q rows (>= heads * head_dim)
+  int64_t q_row_stride = 0;                // elements between tokens' q rows (>= heads * head_dim,
+                                           // a multiple of 8); 0 means heads * head_dim
   const __nv_bfloat16* kv_pool = nullptr;
   const int32_t* page_ids = nullptr;       // concatenated page lists, per (seq, kv head)
   const int32_t* list_offsets = nullptr;   // [num_seqs * num_kv_heads + 1]
@@ -25,11 +26,18 @@ struct PagedPrefillParams {
   int head_dim = 128;   // 64 or 128
   int page_size = 16;   // multiple of 8 in [8, 64]
   int max_new_tokens = 0;  // max over sequences of new tokens (sizes the grid)
-  float scale = 0.0f;
+  float scale = 0.0f;      // softmax scale, > 0 (usually 1/sqrt(head_dim))
+  // Work split of a 128-row query tile: -1 the default (0); 0: 4 warps of 32 rows (2 blocks per
+  // SM, Q re-read from shared memory every KV tile); 1: 8 warps of 16 rows (1 block per SM, Q in
+  // registers). For benchmarks and tuning; both compute the same result.
+  int variant = -1;
 };
 
 // out: [total_tokens][num_kv_heads * group][head_dim] bf16. A sequence's page list must cover
-// positions [0, first_pos + new tokens).
+// positions [0, first_pos + new tokens), and its new tokens must not exceed max_new_tokens (the
+// kernel cannot check either). q, kv_pool and out must be 16-byte aligned. Returns
+// cudaErrorInvalidValue on unsupported shapes or null pointers, else the launch status; a batch
+// with no tokens launches nothing.
 cudaError_t paged_prefill_attention(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream);
 
 }  // namespace spin::cuda

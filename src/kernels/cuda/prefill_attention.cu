@@ -1,0 +1,406 @@
+#include "kernels/cuda/prefill_attention.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace spin::cuda {
+
+namespace {
+
+// A thread block takes one (sequence, KV head) and a tile of 128 query rows; row r is token
+// r / group, query head r % group of the KV head's group, so every KV tile is loaded once for the
+// whole GQA group. It walks the sequence's keys in tiles of 64 from position 0 up to the tile's
+// last position (later tiles are never loaded) with tensor-core products (mma m16n8k16, bf16 in,
+// fp32 accumulate):
+//   S[16 rows x 8 keys]  = Q[16 x 16 dims] * K^T[16 dims x 8 keys]   (K via ldmatrix)
+//   O[16 rows x 8 dims] += P[16 x 16 keys] * V[16 keys x 8 dims]     (V via ldmatrix.trans)
+// P comes straight from the S accumulators (their layout is the A operand's, rounded to bf16).
+// Softmax is online in fp32, log2 domain; the causal mask is applied only on tiles that reach
+// past a warp's first position. K and V tiles are double-buffered in shared memory by cp.async:
+// K of the next tile loads while S is computed, V of the next tile while P*V is.
+constexpr int kRows = 128;     // query rows per block
+constexpr int kKeys = 64;      // keys per KV tile
+constexpr int kMaxGroup = 8;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int D, int kWarps, int kRowFrags>
+struct Config {
+  static_assert(kWarps * 16 * kRowFrags == kRows, "warps x rows per warp must cover the tile");
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kWarpRows = 16 * kRowFrags;
+  static constexpr int kChunks = D / 8;  // 16-byte pieces per row
+  static constexpr int kQBytes = kRows * D * 2;
+  static constexpr int kTileBytes = kKeys * D * 2;
+  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes;  // Q, K x2, V x2
+  // One warp of 16 rows keeps its Q fragments in registers; with 32 rows they would not fit
+  // beside the accumulators, so they are re-read from shared memory every KV tile.
+  static constexpr bool kQInRegisters = kRowFrags == 1;
+  static constexpr int kMinBlocks = kRowFrags == 2 ? 2 : 1;
+};
+
+__device__ __forceinline__ void copy_async(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// 2^x; -inf gives 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of 16-byte piece `chunk` of row `row` in a [rows][D] bf16 tile. The piece index is
+// XORed with the row's low 3 bits, so the 8 rows an ldmatrix reads (same logical piece) land in
+// 8 different bank groups.
+template <int D>
+__device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
+  return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
+}
+
+template <int D, int kWarps, int kRowFrags>
+__global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
+                                  Config<D, kWarps, kRowFrags>::kMinBlocks)
+    paged_prefill_kernel(PagedPrefillParams p, int64_t q_row_stride, uint32_t page_magic,
+                         __nv_bfloat16* out) {
+  using C = Config<D, kWarps, kRowFrags>;
+  constexpr int MF = kRowFrags;
+  const int seq = blockIdx.y;
+  const int kv_head = blockIdx.z;
+  const int group = p.group;
+  const int tok_begin = p.token_offsets[seq];
+  const int n_new = p.token_offsets[seq + 1] - tok_begin;
+  const int tile_tokens = kRows / group;
+  const int n_qtiles = (n_new + tile_tokens - 1) / tile_tokens;
+  // The latest query tiles (the most keys) run first, so the short ones fill the tail.
+  const int qtile = n_qtiles - 1 - static_cast<int>(blockIdx.x);
+  if (qtile < 0) return;
+  const int t0 = qtile * tile_tokens;
+  const int t_valid = min(tile_tokens, n_new - t0);
+  const int pos0 = p.first_pos[seq] + t0;
+  const int kv_end = pos0 + t_valid;  // keys [0, kv_end) are read; later ones are zero-filled
+  const int n_tiles = (kv_end + kKeys - 1) / kKeys;
+  const int num_q_heads = p.num_kv_heads * group;
+  const int ps = p.page_size;
+  const size_t page_elems = static_cast<size_t>(2) * ps * D;
+  const int32_t* ids = p.page_ids + p.list_offsets[seq * p.num_kv_heads + kv_head];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;  // mma group: fragment row
+  const int t4 = lane & 3;  // thread in group: fragment column pair
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t s_q = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t s_k = s_q + C::kQBytes;
+  const uint32_t s_v = s_k + 2 * C::kTileBytes;
+
+  // Q rows of the tile; rows past the tile's tokens are zeros (never stored).
+#pragma unroll
+  for (int it = 0; it < kRows * C::kChunks / C::kThreads; ++it) {
+    const int i = tid + it * C::kThreads;
+    const int row = i / C::kChunks;
+    const int chunk = i % C::kChunks;
+    const int tl = row / group;
+    const bool valid = tl < t_valid;
+    const __nv_bfloat16* src = p.q;
+    if (valid)
+      src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
+             static_cast<int64_t>(kv_head * group + row - tl * group) * D + chunk * 8;
+    copy_async(s_q + swizzle<D>(row, chunk), src, valid ? 16 : 0);
+  }
+  copy_async_commit();
+
+  // K (part 0) or V (part 1) of KV tile `tile` into the buffer at `dst`. Each thread copies
+  // pieces of one key row (one page look-up); the threads of a row take adjacent pieces, so each
+  // warp instruction reads whole 32-byte sectors. Keys at or past kv_end are zero-filled: no
+  // query row of this block attends to them, the pages may not cover them, and zeros keep the
+  // masked products finite.
+  constexpr int kThreadsPerKey = C::kThreads / kKeys;
+  const int kv_row = tid / kThreadsPerKey;
+  const int kv_piece = tid % kThreadsPerKey;
+  auto load_kv = [&](int tile, uint32_t dst, int part) {
+    const int key = tile * kKeys + kv_row;
+    const bool valid = key < kv_end;
+    const __nv_bfloat16* src = p.kv_pool;
+    if (valid) {
+      const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
+      const int slot = key - page * ps;
+      src += static_cast<size_t>(ids[page]) * page_elems + static_cast<size_t>(part * ps + slot) * D;
+    }
+#pragma unroll
+    for (int it = 0; it < C::kChunks / kThreadsPerKey; ++it) {
+      const int chunk = kv_piece + it * kThreadsPerKey;
+      copy_async(dst + swizzle<D>(kv_row, chunk), src + (valid ? chunk * 8 : 0), valid ? 16 : 0);
+    }
+  };
+  load_kv(0, s_k, 0);
+  copy_async_commit();
+  load_kv(0, s_v, 1);
+  copy_async_commit();
+
+  // This thread's rows: warp_row0 + mf * 16 + g + 8 * h, at positions pos[mf][h].
+  const int warp_row0 = warp * C::kWarpRows;
+  int pos[MF][2];
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pos[mf][h] = pos0 + (warp_row0 + mf * 16 + g + 8 * h) / group;
+  const bool warp_active = warp_row0 / group < t_valid;  // else every row of the warp is padding
+  const int warp_min_pos = pos0 + warp_row0 / group;
+  const int warp_max_pos = pos0 + min((warp_row0 + C::kWarpRows - 1) / group, t_valid - 1);
+
+  // Q fragment (A operand) of row frag mf, dims 16 kk .. +16, from shared memory.
+  auto load_q = [&](uint32_t (&a)[4], int mf, int kk) {
+    const int row = warp_row0 + mf * 16 + (lane & 15);
+    ldmatrix_x4(a, s_q + swizzle<D>(row, 2 * kk + (lane >> 4)));
+  };
+  uint32_t q_regs[C::kQInRegisters ? D / 16 : 1][4];
+  copy_async_wait<2>();  // Q has landed
+  __syncthreads();
+  if constexpr (C::kQInRegisters) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) load_q(q_regs[kk], 0, kk);
+  }
+
+  const float scale_log2 = p.scale * kLog2e;
+  float o[MF][D / 8][4];
+  float m_run[MF][2];
+  float l_run[MF][2];  // this thread's partial row sums (its 16 of each tile's 64 keys)
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[mf][h] = -INFINITY;
+      l_run[mf][h] = 0.0f;
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mf][dt][i] = 0.0f;
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const uint32_t k_buf = s_k + (j & 1) * C::kTileBytes;
+    const uint32_t v_buf = s_v + (j & 1) * C::kTileBytes;
+    copy_async_wait<1>();  // K of tile j has landed (V of tile j may still be in flight)
+    __syncthreads();       // for every thread; and every warp is done with tile j - 1's K
+    if (j + 1 < n_tiles) load_kv(j + 1, s_k + ((j + 1) & 1) * C::kTileBytes, 0);
+    copy_async_commit();
+
+    const int key0 = j * kKeys;
+    const bool active = warp_active && key0 <= warp_max_pos;
+    float s[MF][kKeys / 8][4];
+    if (active) {
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mf][nt][i] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          if constexpr (C::kQInRegisters) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[mf][i] = q_regs[kk][i];
+          } else {
+            load_q(a[mf], mf, kk);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < kKeys / 16; ++np) {
+          // b[0], b[1]: keys 16 np .. +8; b[2], b[3]: keys 16 np + 8 .. +8 (dims 16 kk, +8).
+          uint32_t b[4];
+          const int mat = lane >> 3;
+          ldmatrix_x4(b, k_buf + swizzle<D>(16 * np + (lane & 7) + (mat >> 1) * 8, 2 * kk + (mat & 1)));
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_bf16(s[mf][2 * np], a[mf], b[0], b[1]);
+            mma_bf16(s[mf][2 * np + 1], a[mf], b[2], b[3]);
+          }
+        }
+      }
+
+      // s[mf][nt][2h + e]: row (mf, g + 8h), key key0 + 8 nt + 2 t4 + e.
+      const bool masked = key0 + kKeys - 1 > warp_min_pos;
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float v = s[mf][nt][2 * h + e];
+              if (masked && key0 + 8 * nt + 2 * t4 + e > pos[mf][h]) v = -INFINITY;
+              s[mf][nt][2 * h + e] = v;
+              mx = fmaxf(mx, v);
+            }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m_run[mf][h], mx * scale_log2);
+          const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+          const float alpha = fast_exp2(m_run[mf][h] - m_use);
+          m_run[mf][h] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < kKeys / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float pr = fast_exp2(fmaf(s[mf][nt][2 * h + e], scale_log2, -m_use));
+              s[mf][nt][2 * h + e] = pr;
+              sum += pr;
+            }
+          l_run[mf][h] = l_run[mf][h] * alpha + sum;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            o[mf][dt][2 * h] *= alpha;
+            o[mf][dt][2 * h + 1] *= alpha;
+          }
+        }
+    }
+
+    copy_async_wait<1>();  // V of tile j has landed (K of tile j + 1 may still be in flight)
+    __syncthreads();       // for every thread; and every warp is done with tile j - 1's V
+    if (j + 1 < n_tiles) load_kv(j + 1, s_v + ((j + 1) & 1) * C::kTileBytes, 1);
+    copy_async_commit();
+
+    if (active) {
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        // P (A operand) of keys 16 kk .. +16: the S accumulators of key tiles 2 kk and 2 kk + 1.
+        uint32_t a[MF][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) {
+          a[mf][0] = pack_bf16(s[mf][2 * kk][0], s[mf][2 * kk][1]);
+          a[mf][1] = pack_bf16(s[mf][2 * kk][2], s[mf][2 * kk][3]);
+          a[mf][2] = pack_bf16(s[mf][2 * kk + 1][0], s[mf][2 * kk + 1][1]);
+          a[mf][3] = pack_bf16(s[mf][2 * kk + 1][2], s[mf][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          // b[0], b[1]: dims 16 dp .. +8; b[2], b[3]: dims 16 dp + 8 .. +8 (keys 16 kk, +8).
+          uint32_t b[4];
+          const int mat = lane >> 3;
+          ldmatrix_x4_trans(b, v_buf + swizzle<D>(16 * kk + (lane & 7) + (mat & 1) * 8, 2 * dp + (mat >> 1)));
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) {
+            mma_bf16(o[mf][2 * dp], a[mf], b[0], b[1]);
+            mma_bf16(o[mf][2 * dp + 1], a[mf], b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+  copy_async_wait<0>();
+
+  if (!warp_active) return;
+  // o[mf][dt][2h + e]: row (mf, g + 8h), dim 8 dt + 2 t4 + e.
+#pragma unroll
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[mf][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = warp_row0 + mf * 16 + g + 8 * h;
+      const int tl = row / group;
+      if (tl >= t_valid) continue;
+      __nv_bfloat16* dst = out + (static_cast<int64_t>(tok_begin + t0 + tl) * num_q_heads +
+                                  kv_head * group + row - tl * group) *
+                                     D +
+                           2 * t4;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt)
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * dt) =
+            __floats2bfloat162_rn(o[mf][dt][2 * h] * inv, o[mf][dt][2 * h + 1] * inv);
+    }
+}
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+bool valid_params(const PagedPrefillParams& p, const __nv_bfloat16* out) {
+  const int64_t q_width = static_cast<int64_t>(p.num_kv_heads) * p.group * p.head_dim;
+  // Grid: y = sequence, z = KV head (each at most 65535); (seq, head) list indices fit in int.
+  return p.num_kv_heads > 0 && p.num_kv_heads <= 65535 && p.num_seqs <= 65535 &&
+         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads < INT32_MAX && p.group >= 1 &&
+         p.group <= kMaxGroup && (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 &&
+         p.page_size <= 64 && p.page_size % 8 == 0 && std::isfinite(p.scale) && p.scale > 0.0f &&
+         p.variant >= -1 && p.variant <= 1 &&
+         (p.q_row_stride == 0 || (p.q_row_stride >= q_width && p.q_row_stride % 8 == 0)) &&
+         p.q && p.kv_pool && p.page_ids && p.list_offsets && p.token_offsets && p.first_pos && out &&
+         aligned16(p.q) && aligned16(p.kv_pool) && aligned16(out);
+}
+
+template <int D, int kWarps, int kRowFrags>
+cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream) {
+  using C = Config<D, kWarps, kRowFrags>;
+  static const cudaError_t smem_status =
+      cudaFuncSetAttribute(paged_prefill_kernel<D, kWarps, kRowFrags>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (smem_status != cudaSuccess) return smem_status;
+  const int64_t q_row_stride =
+      p.q_row_stride > 0 ? p.q_row_stride : static_cast<int64_t>(p.num_kv_heads) * p.group * D;
+  // ceil(2^32 / page_size): key / page_size == umulhi(key, magic) for keys below 2^32 / 64 =
+  // 2^26 positions.
+  const uint32_t page_magic =
+      static_cast<uint32_t>(((uint64_t{1} << 32) + p.page_size - 1) / p.page_size);
+  const int tile_tokens = kRows / p.group;
+  const dim3 grid((p.max_new_tokens + tile_tokens - 1) / tile_tokens, p.num_seqs, p.num_kv_heads);
+  paged_prefill_kernel<D, kWarps, kRowFrags>
+      <<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, q_row_stride, page_magic, out);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t paged_prefill_attention(const PagedPrefillParams& p, __nv_bfloat16* out,
+                                    cudaStream_t stream) {
+  if (p.num_seqs < 0 || p.max_new_tokens < 0) return cudaErrorInvalidValue;
+  if (p.num_seqs == 0 || p.max_new_tokens == 0) return cudaSuccess;
+  if (!valid_params(p, out)) return cudaErrorInvalidValue;
+  const bool eight_warps = p.variant == 1;
+  if (p.head_dim == 64)
+    return eight_warps ? launch<64, 8, 1>(p, out, stream) : launch<64, 4, 2>(p, out, stream);
+  return eight_warps ? launch<128, 8, 1>(p, out, stream) : launch<128, 4, 2>(p, out, stream);
+}
+
+}  // namespace spin::cuda
