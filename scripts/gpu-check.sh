@@ -51,6 +51,9 @@ if [ "$bench" = 1 ] || [ "$bench" = model ]; then
     2>&1 | tee "$out/model_llama-3.1-8b.md" || status=1
   "${model_bench[@]}" --model qwen3-14b --no-cuda-graphs --batch 1 8 --decode-context 1024 --prefill 512 \
     2>&1 | tee "$out/model_qwen3-14b_no_graphs.md" || status=1
+  echo "== HF transformers generate on the same dummy shapes (external peer)"
+  PYTHONUNBUFFERED=1 python3 bench/gpu/hf_generate_bench.py --preset qwen3-14b --batch 1 8 32 --context 1024 \
+    --new-tokens 32 --csv "$out/hf_qwen3-14b.csv" 2>&1 | tee "$out/hf_qwen3-14b.log" || status=1
 fi
 
 python3 bench/gpu/report.py "$out/gpu_tests.json" "$out/spin_kernels.csv" "$out/sdpa.csv" | tee "$out/table.md"
