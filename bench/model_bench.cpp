@@ -207,6 +207,7 @@ void run_cuda(const BenchArgs& a) {
   spin::CudaModelOptions options;
   options.cuda_graphs = a.cuda_graphs;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
+  options.max_sequences = max_batch;
   const auto load_start = clock_type::now();
   std::unique_ptr<spin::CudaModel> model =
       a.load_format == "dummy" ? std::make_unique<spin::CudaModel>(c, load.seed, options)

@@ -72,6 +72,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
   CudaModelOptions model_options;
   model_options.cuda_graphs = options.cuda_graphs;
   model_options.max_batch_tokens = engine.max_num_batched_tokens;
+  model_options.max_sequences = engine.max_num_seqs;
   std::unique_ptr<CudaModel> model;
   if (load.load_format == "dummy") {
     model = std::make_unique<CudaModel>(b.model->weights.config, load.seed, model_options);

@@ -103,8 +103,10 @@ void run_serve(ServeArgs a) {
   const std::string name = a.served_model_name.empty() ? model.name : a.served_model_name;
   http.attach(&engine, model.tokenizer.get(), name, attention);
   const EngineConfig& c = engine.config();
-  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}, KV budget {} tokens",
-               c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.kv_token_budget);
+  // The engine's token budget admits contiguous (CPU dense) KV; the paged stores admit by pages.
+  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}{}", c.max_num_seqs,
+               c.max_num_batched_tokens, c.max_model_len,
+               backend.device == "cpu" ? fmt::format(", KV budget {} tokens", c.kv_token_budget) : std::string());
   spdlog::info("attention: default '{}'; {}", attention.algorithm, backend.description);
   std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), a.server.host.c_str(), port);
   std::fflush(stdout);

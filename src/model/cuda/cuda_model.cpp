@@ -70,8 +70,9 @@ int64_t CudaModel::padded_decode_rows(int64_t n) {
 CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options, bool separate_lm_head)
     : config_(config), options_(options), separate_lm_head_(separate_lm_head) {
   config_.validate();
-  SPIN_CHECK(options_.max_batch_tokens > 0, "CUDA model: max batch tokens must be positive, got {}",
-             options_.max_batch_tokens);
+  SPIN_CHECK(options_.max_batch_tokens > 0 && options_.max_sequences > 0,
+             "CUDA model: max batch tokens ({}) and sequences ({}) must be positive", options_.max_batch_tokens,
+             options_.max_sequences);
   cuda_check(cudaSetDevice(options_.device), "cudaSetDevice");
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
   gemm_.emplace();
@@ -173,7 +174,8 @@ void CudaModel::finish_setup() {
              "RoPE frequency upload");
   rope_mscale_ = rope.mscale;
   rope_neox_ = rope.neox;
-  reserve_activations(options_.max_batch_tokens, padded_decode_rows(options_.max_batch_tokens));
+  reserve_activations(std::max(options_.max_batch_tokens, padded_decode_rows(options_.max_sequences)),
+                      padded_decode_rows(options_.max_sequences));
 }
 
 AttentionShape CudaModel::attention_shape() const {
@@ -183,10 +185,11 @@ AttentionShape CudaModel::attention_shape() const {
 
 void CudaModel::reserve_activations(int64_t rows, int64_t logit_rows) {
   if (rows <= row_capacity_ && logit_rows <= logit_row_capacity_) return;
-  // Grow with headroom so a slowly rising step size does not reallocate (and drop graphs) often.
-  rows = std::max(rows, row_capacity_ + row_capacity_ / 2);
-  logit_rows = std::max(logit_rows, logit_row_capacity_);
-  logit_rows = std::max(logit_rows, rows);
+  // Grow with headroom so a slowly rising step size does not reallocate (and drop graphs) often;
+  // buffers already large enough stay where they are.
+  rows = rows > row_capacity_ ? std::max(rows, row_capacity_ + row_capacity_ / 2) : row_capacity_;
+  logit_rows = logit_rows > logit_row_capacity_ ? std::max(logit_rows, logit_row_capacity_ + logit_row_capacity_ / 2)
+                                                : logit_row_capacity_;
   const auto r = static_cast<size_t>(rows);
   const auto hidden = static_cast<size_t>(config_.hidden_size);
   const auto ffn = static_cast<size_t>(config_.intermediate_size);

@@ -33,6 +33,9 @@ struct CudaModelOptions {
   // Activation rows allocated up front (the engine's --max-num-batched-tokens); a larger step
   // grows them, which also drops the captured graphs.
   int64_t max_batch_tokens = 2048;
+  // Sequences per step (the engine's --max-num-seqs): logit rows allocated up front (all-logits
+  // steps of more rows grow them).
+  int64_t max_sequences = 256;
   // Largest padded decode batch run as a graph; larger ones run eagerly.
   int64_t max_graph_batch = 512;
 };
