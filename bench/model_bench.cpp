@@ -8,6 +8,9 @@
 //   the same process (median of repeats; bytes read + written per second). Long contexts are
 //   not prefilled: their KV pages are allocated and left as they are (decode time depends on the
 //   number of keys, not their values).
+//   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
+//   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
+//   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
@@ -28,7 +31,9 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
+#include "engine/tensor_parallel_factory.h"
 #include "model/cuda/cuda_model.h"
+#include "model/tensor_parallel.h"
 #endif
 
 namespace {
@@ -57,6 +62,7 @@ struct BenchArgs {
   int threads = 0;
   bool cuda_graphs = true;
   double gpu_memory_utilization = 0.9;
+  int tensor_parallel_size = 1;
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -208,33 +214,67 @@ void run_cuda(const BenchArgs& a) {
   options.cuda_graphs = a.cuda_graphs;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
   options.max_sequences = max_batch;
+  const int world = a.tensor_parallel_size;
   const auto load_start = clock_type::now();
-  std::unique_ptr<spin::CudaModel> model =
-      a.load_format == "dummy" ? std::make_unique<spin::CudaModel>(c, load.seed, options)
-                               : std::make_unique<spin::CudaModel>(loaded.weights, options);
+  // One GPU: a CudaModel; several: the tensor-parallel model over per-rank CudaModels. `ranks`
+  // are the CudaModels either way (weight bytes and statistics per GPU).
+  std::unique_ptr<spin::ForwardModel> model;
+  std::vector<spin::CudaModel*> ranks;
+  const bool dummy = a.load_format == "dummy";
+  if (world > 1) {
+    spin::CudaTensorParallel tp =
+        spin::make_cuda_tensor_parallel_model(dummy ? nullptr : &loaded.weights, c, load.seed, world, options);
+    ranks = tp.ranks;
+    model = std::move(tp.model);
+  } else {
+    auto single = dummy ? std::make_unique<spin::CudaModel>(c, load.seed, options)
+                        : std::make_unique<spin::CudaModel>(loaded.weights, options);
+    ranks = {single.get()};
+    model = std::move(single);
+  }
   loaded.weights = spin::ModelWeights{};
   const double load_seconds = seconds_since(load_start);
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
   const double bandwidth = device_copy_bandwidth(9);  // before the pool takes the free memory
 
   spin::CudaPagedKvConfig kv_config;
   kv_config.gpu_memory_utilization = a.gpu_memory_utilization;
   kv_config.max_batch = max_batch;
   kv_config.max_context = max_context;
-  spin::CudaPagedAttentionFactory factory(model->attention_shape(), kv_config);
-  const int64_t pages_per_group = c.n_layers * c.n_kv_heads;
+  const spin::AttentionShape rank_shape = ranks.front()->attention_shape();
+  std::vector<std::unique_ptr<spin::CudaPagedAttentionFactory>> rank_factories =
+      spin::make_cuda_rank_factories(rank_shape, kv_config, world);
+  const spin::CudaPagedAttentionFactory& factory = *rank_factories.front();
+  // A sequence's KV: one handle per rank (TensorParallelKv) when split, else the store's own.
+  auto create_kv = [&](int64_t capacity) -> std::unique_ptr<spin::SequenceKv> {
+    if (world == 1) return rank_factories.front()->create(spin::AttentionSettings{}, capacity);
+    std::vector<std::unique_ptr<spin::SequenceKv>> parts;
+    for (auto& f : rank_factories) parts.push_back(f->create(spin::AttentionSettings{}, capacity));
+    return std::make_unique<spin::TensorParallelKv>(std::move(parts));
+  };
+  auto append_uncomputed = [&](spin::SequenceKv& kv, int64_t tokens) {
+    if (world == 1) return rank_factories.front()->append_uncomputed(kv, tokens);
+    auto& split = dynamic_cast<spin::TensorParallelKv&>(kv);
+    for (int r = 0; r < world; ++r) rank_factories[static_cast<size_t>(r)]->append_uncomputed(split.rank(r), tokens);
+  };
+  // Per GPU from here on: pages, pool and bytes read are one rank's.
+  const int64_t pages_per_group = rank_shape.n_layers * rank_shape.n_kv_heads;
   const int64_t pool_tokens = factory.capacity().device_pages / pages_per_group * factory.page_size();
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  // bf16 K and V of one token in every layer and KV head.
-  const double kv_bytes_per_token = 2.0 * 2.0 * static_cast<double>(c.n_layers * c.n_kv_heads * c.head_dim);
+  // bf16 K and V of one token in every layer and KV head of one rank.
+  const double kv_bytes_per_token =
+      2.0 * 2.0 * static_cast<double>(rank_shape.n_layers * rank_shape.n_kv_heads * rank_shape.head_dim);
   // Every weight matrix is read once per step, except the embedding table, of which a step reads
   // one row per sequence (unless it is also the LM head).
   const double embedding_unread = c.tie_embeddings ? 0.0 : 2.0 * static_cast<double>(c.vocab_size * c.hidden_size);
 
-  std::printf("## %s on %s (bf16, CUDA graphs %s)\n\n", loaded.name.c_str(), prop.name, a.cuda_graphs ? "on" : "off");
+  std::printf("## %s on %d x %s (bf16, CUDA graphs %s, tensor parallel %d)\n\n", loaded.name.c_str(), world,
+              prop.name, a.cuda_graphs ? "on" : "off", world);
   std::printf("| measurement | value |\n|---|---|\n");
-  std::printf("| weights (bf16) | %.2f GB (made in %.1f s) |\n", model->weight_bytes() / 1e9, load_seconds);
-  std::printf("| KV pool | %.2f GB, %lld tokens of one sequence |\n", factory.pool_bytes() / 1e9,
+  std::printf("| weights (bf16, per GPU) | %.2f GB (made in %.1f s) |\n", ranks.front()->weight_bytes() / 1e9,
+              load_seconds);
+  std::printf("| KV pool (per GPU) | %.2f GB, %lld tokens of one sequence |\n", factory.pool_bytes() / 1e9,
               static_cast<long long>(pool_tokens));
   std::printf("| device copy bandwidth (read + write, 1 GiB cudaMemcpy, median of 9) | %.0f GB/s |\n", bandwidth / 1e9);
 
@@ -246,7 +286,7 @@ void run_cuda(const BenchArgs& a) {
     for (int32_t& t : prompt) t = token(rng);
     std::vector<double> rates;
     for (int r = 0; r < a.repeats + 1; ++r) {
-      std::unique_ptr<spin::SequenceKv> kv = factory.create(spin::AttentionSettings{}, n);
+      std::unique_ptr<spin::SequenceKv> kv = create_kv(n);
       const auto t = clock_type::now();
       for (int64_t pos = 0; pos < n; pos += a.prefill_chunk) {
         const int64_t len = std::min(a.prefill_chunk, n - pos);
@@ -272,8 +312,8 @@ void run_cuda(const BenchArgs& a) {
       }
       std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
       for (int64_t b = 0; b < batch; ++b) {
-        seqs.push_back(factory.create(spin::AttentionSettings{}, capacity));
-        factory.append_uncomputed(*seqs.back(), context);
+        seqs.push_back(create_kv(capacity));
+        append_uncomputed(*seqs.back(), context);
       }
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
@@ -295,7 +335,7 @@ void run_cuda(const BenchArgs& a) {
       }
       const double step = median(step_seconds);
       const double mean_context = static_cast<double>(context) + 2.0 + a.decode_tokens * (a.repeats / 2.0);
-      const double bytes = static_cast<double>(model->weight_bytes()) - embedding_unread +
+      const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
                            static_cast<double>(batch) * mean_context * kv_bytes_per_token;
       const double bound = static_cast<double>(batch) / (bytes / bandwidth);
       std::printf("| %lld | %lld | %.1f | %.2f | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
@@ -304,7 +344,7 @@ void run_cuda(const BenchArgs& a) {
       std::fflush(stdout);
     }
   }
-  const spin::CudaModel::Stats s = model->stats();
+  const spin::CudaModel::Stats s = ranks.front()->stats();
   std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps include the logits' "
               "copy to the host\n",
               static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
@@ -329,6 +369,9 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
   app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
+                 "cuda: split the model over GPUs 0..N-1 (dummy weights: each rank fills its shard on its GPU)")
+      ->capture_default_str();
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -340,6 +383,9 @@ int main(int argc, char** argv) {
     for (int64_t v : a.prefill_lengths) SPIN_CHECK(v > 0, "--prefill lengths must be positive, got {}", v);
     for (int64_t v : a.decode_contexts) SPIN_CHECK(v > 0, "--decode-context lengths must be positive, got {}", v);
     for (int64_t v : a.batches) SPIN_CHECK(v > 0 && v <= 4096, "--batch sizes must be in 1..4096, got {}", v);
+    SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
+               "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
+               a.tensor_parallel_size);
     if (a.device == "cuda") {
 #ifdef SPIN_WITH_CUDA
       run_cuda(a);

@@ -7,6 +7,8 @@
 
 #include "base/error.h"
 #include "base/memory.h"
+#include "engine/tensor_parallel_factory.h"
+#include "model/tensor_parallel.h"
 #include "model/transformer.h"
 #ifdef SPIN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -57,6 +59,30 @@ int cuda_device_count() {
 }
 
 Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineConfig& engine) {
+  const int world = options.tensor_parallel_size;
+  if (world > 1) {
+    // Sized for the whole model, then split: each rank's store holds its KV heads' pages.
+    PagedStoreConfig kv;
+    TensorParallel tp = make_tensor_parallel(
+        b.model->weights, world,
+        [&](int, const AttentionShape& rank_shape) {
+          AttentionShape full = rank_shape;
+          full.n_heads *= world;
+          full.n_kv_heads *= world;
+          kv = cpu_paged_store(options.kv, full, engine, options.sparse_default);
+          kv.device_pages = std::max<int64_t>(1, kv.device_pages / world);
+          kv.host_pages = std::max<int64_t>(1, kv.host_pages / world);
+          return make_paged_attention_factory(rank_shape, kv);
+        },
+        engine.threads);
+    b.attention = std::move(tp.factory);
+    b.forward = std::move(tp.model);
+    b.description = fmt::format(
+        "device cpu (fp32), tensor parallel over {} ranks; paged KV store per rank: {} device pages, {} host pages "
+        "of {} tokens, buffer {}x",
+        world, kv.device_pages, kv.host_pages, kv.page_size, kv.buffer_factor);
+    return b;
+  }
   auto transformer = std::make_unique<Transformer>(b.model->weights);
   const PagedStoreConfig kv = cpu_paged_store(options.kv, transformer->attention_shape(), engine, options.sparse_default);
   b.attention = make_paged_attention_factory(transformer->attention_shape(), kv);
@@ -67,12 +93,53 @@ Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineC
 }
 
 #ifdef SPIN_WITH_CUDA
+// --tensor-parallel-size N > 1 on GPUs 0..N-1: a CudaModel per rank over its shard, NCCL between
+// them, and a device KV store per rank for its KV heads (equal pools on every GPU).
+Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, const BackendOptions& options,
+                                          const EngineConfig& engine, const CudaModelOptions& model_options) {
+  const int world = options.tensor_parallel_size;
+  const ModelConfig config = b.model->weights.config;
+  CudaTensorParallel tp = make_cuda_tensor_parallel_model(load.load_format == "dummy" ? nullptr : &b.model->weights,
+                                                          config, load.seed, world, model_options);
+  // The devices hold the weights now; keep only the config on the host.
+  ModelWeights config_only;
+  config_only.config = config;
+  b.model->weights = std::move(config_only);
+  CudaPagedKvConfig kv;
+  kv.page_size = options.kv.page_size;
+  kv.device_pages = options.kv.device_pages > 0 ? std::max<int64_t>(1, options.kv.device_pages / world) : 0;
+  kv.gpu_memory_utilization = options.gpu_memory_utilization;
+  kv.max_batch = engine.max_num_seqs;
+  kv.max_context = engine.max_model_len;
+  std::vector<std::unique_ptr<CudaPagedAttentionFactory>> rank_factories =
+      make_cuda_rank_factories(tp.model->rank_attention_shape(), kv, world);
+  const int64_t rank_pages = rank_factories.front()->capacity().device_pages;
+  const int64_t page_size = rank_factories.front()->page_size();
+  const double pool_bytes = static_cast<double>(rank_factories.front()->pool_bytes());
+  std::vector<std::unique_ptr<AttentionFactory>> factories;
+  for (auto& f : rank_factories) factories.push_back(std::move(f));
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  b.description = fmt::format(
+      "device cuda ({} x {}, tensor parallel, bf16, CUDA graphs {}); weights {:.1f} GB per GPU; KV pool {:.1f} GB "
+      "per GPU: {} pages of {} tokens each ({} tokens per sequence at most)",
+      world, prop.name, options.cuda_graphs ? "on" : "off", tp.ranks.front()->weight_bytes() / 1e9,
+      pool_bytes / 1e9, rank_pages, page_size,
+      rank_pages / (config.n_layers * (config.n_kv_heads / world)) * page_size);
+  b.attention = make_tensor_parallel_attention_factory(std::move(factories));
+  b.forward = std::move(tp.model);
+  return b;
+}
+
 Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptions& options,
                           const EngineConfig& engine) {
   CudaModelOptions model_options;
   model_options.cuda_graphs = options.cuda_graphs;
   model_options.max_batch_tokens = engine.max_num_batched_tokens;
   model_options.max_sequences = engine.max_num_seqs;
+  if (options.tensor_parallel_size > 1) {
+    return make_cuda_tensor_parallel_backend(std::move(b), load, options, engine, model_options);
+  }
   std::unique_ptr<CudaModel> model;
   if (load.load_format == "dummy") {
     model = std::make_unique<CudaModel>(b.model->weights.config, load.seed, model_options);
@@ -125,6 +192,13 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   // A dummy model on the GPU is filled there: no host copy of its weights at all.
   load.dummy_weights_on_host = b.device == "cpu";
   b.model = std::make_unique<LoadedModel>(load_model(load));
+  check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
+  if (b.device == "cuda") {
+    const int gpus = cuda_device_count();
+    SPIN_CHECK(options.tensor_parallel_size <= gpus,
+               "--tensor-parallel-size {} needs {} GPUs (one per rank); {} visible to this process",
+               options.tensor_parallel_size, options.tensor_parallel_size, gpus);
+  }
   EngineConfig engine = engine_flags;
   if (engine.max_model_len == 0) engine.max_model_len = b.model->weights.config.max_position;
 #ifdef SPIN_WITH_CUDA

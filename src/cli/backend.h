@@ -19,6 +19,9 @@ struct BackendOptions {
   std::string device = "auto";          // cpu | cuda | auto
   double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV
   bool cuda_graphs = true;              // CUDA: replay decode steps as CUDA graphs
+  // --tensor-parallel-size: ranks each layer is split over (model/tensor_parallel.h); CPU: threads
+  // of this process, CUDA: GPUs 0..N-1, one rank each, joined by NCCL.
+  int tensor_parallel_size = 1;
   PagedStoreConfig kv;                  // page size and pool sizes (0 pages: from memory)
   // The server's default attention is sparse: the CPU store is sized for it, and `auto` stays on
   // the CPU (sparse algorithms do not run on the GPU yet).
@@ -39,7 +42,8 @@ struct Backend {
 std::string resolve_device(const std::string& device, bool sparse_default);
 
 // engine: the engine's flags (max_model_len 0 = the model's context); they size the KV stores
-// and the GPU's activation buffers.
+// and the GPU's activation buffers. Throws spin::Error when --tensor-parallel-size does not split
+// the model's KV heads, query heads and intermediate size, or exceeds the visible GPUs.
 Backend make_backend(LoadOptions load, const BackendOptions& options, const EngineConfig& engine);
 
 }  // namespace spin::cli

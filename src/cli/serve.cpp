@@ -155,6 +155,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", args->backend.gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, activations and the KV pool (the pool gets the rest)")
       ->capture_default_str();
+  // vLLM's "-tp" is no valid CLI11 2.1 name (one-letter short names only; "-tp" reads as -t p).
+  cmd->add_option("--tensor-parallel-size,--tp", args->backend.tensor_parallel_size,
+                  "split every layer over N ranks (cuda: GPUs 0..N-1 joined by NCCL; cpu: N thread groups); N must "
+                  "divide the model's KV heads")
+      ->capture_default_str();
   cmd->add_flag("--cuda-graphs,!--no-cuda-graphs", args->backend.cuda_graphs,
                 "cuda: replay decode steps as CUDA graphs (default on)");
   cmd->add_option("--block-size", args->backend.kv.page_size, "paged KV store: tokens per page (8..64)")->capture_default_str();

@@ -216,6 +216,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
 }
 
 CudaKvStore::~CudaKvStore() {
+  // The last handle may go on any thread (the engine's): free on this store's GPU.
+  cudaSetDevice(device_);
   if (upload_done_) cudaEventDestroy(upload_done_);
 }
 
@@ -513,5 +515,26 @@ void CudaPagedAttentionFactory::append_uncomputed(SequenceKv& kv, int64_t tokens
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
 
 int64_t CudaPagedAttentionFactory::page_size() const { return store_->page_size(); }
+
+std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories(const AttentionShape& rank_shape,
+                                                                                 CudaPagedKvConfig config, int world) {
+  SPIN_CHECK(world >= 1, "tensor parallel: the world size must be >= 1, got {}", world);
+  std::vector<std::unique_ptr<CudaPagedAttentionFactory>> ranks;
+  for (int r = 0; r < world; ++r) {
+    config.device = r;
+    ranks.push_back(std::make_unique<CudaPagedAttentionFactory>(rank_shape, config));
+  }
+  int64_t smallest = ranks.front()->capacity().device_pages;
+  for (const auto& f : ranks) smallest = std::min(smallest, f->capacity().device_pages);
+  for (int r = 0; r < world; ++r) {
+    if (ranks[static_cast<size_t>(r)]->capacity().device_pages == smallest) continue;
+    // Free this rank's larger pool before allocating the smaller one.
+    ranks[static_cast<size_t>(r)].reset();
+    config.device = r;
+    config.device_pages = smallest;
+    ranks[static_cast<size_t>(r)] = std::make_unique<CudaPagedAttentionFactory>(rank_shape, config);
+  }
+  return ranks;
+}
 
 }  // namespace spin

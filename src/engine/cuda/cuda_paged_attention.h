@@ -16,6 +16,7 @@
 // paged_prefill_attention for longer ones (kernels/cuda). Only the "dense" algorithm runs here.
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "engine/attention_factory.h"
 
@@ -60,5 +61,12 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   AttentionShape shape_;
   std::shared_ptr<CudaKvStore> store_;  // shared with every sequence handle (they free into it)
 };
+
+// Tensor parallelism: rank r's store on GPU r (config.device is ignored) for one rank's share of
+// the heads, every rank with the same number of pages: config.device_pages each, or (0) the
+// smallest pool that --gpu-memory-utilization leaves on any of the GPUs, so whatever fits one
+// rank's store fits them all. Call after the ranks' models are on their GPUs.
+std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories(const AttentionShape& rank_shape,
+                                                                                 CudaPagedKvConfig config, int world);
 
 }  // namespace spin

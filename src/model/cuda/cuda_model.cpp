@@ -8,6 +8,7 @@
 #include "base/half.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "model/rope.h"
 
@@ -36,21 +37,27 @@ void upload_bf16(const std::vector<float>& src, bf16* dst) { upload_bf16(src.dat
 
 // Fills tensors in the order and with the scales of model/dummy_model.cpp's DummyFiller, so the
 // device weights are the host dummy weights rounded to bf16 (the GPU test checks exactly that).
+// Under tensor parallelism the matrices split over the ranks are filled from a seed of the rank's
+// own (shard_seed; the plain seed on rank 0) and the replicated tensors from the common one.
 class DeviceDummyFiller {
  public:
-  DeviceDummyFiller(uint64_t seed, cudaStream_t stream) : seed_(seed), stream_(stream) {}
+  DeviceDummyFiller(uint64_t seed, uint64_t shard_seed, cudaStream_t stream)
+      : seed_(seed), shard_seed_(shard_seed), stream_(stream) {}
 
-  void matrix(bf16* dst, int64_t rows, int64_t cols) {
-    fill(dst, rows * cols, 0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
+  void matrix(bf16* dst, int64_t rows, int64_t cols) { fill(dst, rows * cols, 0.0f, scale(cols), seed_); }
+  // A slice of a matrix split over the ranks; cols: the whole matrix's input width.
+  void shard(bf16* dst, int64_t rows, int64_t cols, int64_t full_cols) {
+    fill(dst, rows * cols, 0.0f, scale(full_cols), shard_seed_);
   }
-  void norm(bf16* dst, int64_t n) { fill(dst, n, 1.0f, 0.02f); }
+  void norm(bf16* dst, int64_t n) { fill(dst, n, 1.0f, 0.02f, seed_); }
 
  private:
-  void fill(bf16* dst, int64_t n, float center, float stddev) {
+  static float scale(int64_t cols) { return 1.0f / std::sqrt(static_cast<float>(cols)); }
+  void fill(bf16* dst, int64_t n, float center, float stddev, uint64_t seed) {
     const float half_width = stddev * std::sqrt(3.0f);
-    cuda_check(cuda::fill_dummy_bf16(dst, n, seed_, next_id_++, center, half_width, stream_), "dummy weight fill");
+    cuda_check(cuda::fill_dummy_bf16(dst, n, seed, next_id_++, center, half_width, stream_), "dummy weight fill");
   }
-  uint64_t seed_;
+  uint64_t seed_, shard_seed_;
   cudaStream_t stream_;
   uint64_t next_id_ = 0;
 };
@@ -74,6 +81,14 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options,
              "CUDA model: max batch tokens ({}) and sequences ({}) must be positive", options_.max_batch_tokens,
              options_.max_sequences);
   cuda_check(cudaSetDevice(options_.device), "cudaSetDevice");
+#ifdef SPIN_WITH_NCCL
+  SPIN_CHECK(options_.communicator == nullptr || options_.communicator->device() == options_.device,
+             "CUDA model: the communicator is on GPU {}, the model on GPU {}",
+             options_.communicator ? options_.communicator->device() : 0, options_.device);
+#else
+  SPIN_CHECK(options_.communicator == nullptr,
+             "CUDA model: tensor parallelism needs NCCL, and this spin was built without it");
+#endif
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
   gemm_.emplace();
   q_width_ = config_.n_heads * config_.head_dim;
@@ -112,24 +127,33 @@ CudaModel::CudaModel(const ModelWeights& weights, const CudaModelOptions& option
 CudaModel::CudaModel(const ModelConfig& config, uint64_t seed, const CudaModelOptions& options)
     : CudaModel(config, options, !config.tie_embeddings) {
   const int64_t hidden = config_.hidden_size, ffn = config_.intermediate_size;
-  DeviceDummyFiller fill(seed, stream_);
+  int rank = 0, world = 1;
+#ifdef SPIN_WITH_NCCL
+  if (options_.communicator) {
+    rank = options_.communicator->rank();
+    world = options_.communicator->world_size();
+  }
+#endif
+  // Row-parallel matrices (o, down) keep the scale of the whole matrix's input width.
+  const int64_t full_q = q_width_ * world, full_ffn = ffn * world;
+  DeviceDummyFiller fill(seed, seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(rank), stream_);
   fill.matrix(tok_embd_.get(), config_.vocab_size, hidden);
   fill.norm(out_norm_.get(), hidden);
   if (separate_lm_head_) fill.matrix(lm_head_.get(), config_.vocab_size, hidden);
   for (Layer& l : layers_) {
     fill.norm(l.attn_norm.get(), hidden);
-    fill.matrix(l.wqkv.get(), q_width_, hidden);
-    fill.matrix(l.wqkv.get() + q_width_ * hidden, kv_width_, hidden);
-    fill.matrix(l.wqkv.get() + (q_width_ + kv_width_) * hidden, kv_width_, hidden);
-    fill.matrix(l.wo.get(), hidden, q_width_);
+    fill.shard(l.wqkv.get(), q_width_, hidden, hidden);
+    fill.shard(l.wqkv.get() + q_width_ * hidden, kv_width_, hidden, hidden);
+    fill.shard(l.wqkv.get() + (q_width_ + kv_width_) * hidden, kv_width_, hidden, hidden);
+    fill.shard(l.wo.get(), hidden, q_width_, full_q);
     if (config_.qk_norm) {
       fill.norm(l.q_norm.get(), config_.head_dim);
       fill.norm(l.k_norm.get(), config_.head_dim);
     }
     fill.norm(l.ffn_norm.get(), hidden);
-    fill.matrix(l.w_gate_up.get(), ffn, hidden);
-    fill.matrix(l.w_gate_up.get() + ffn * hidden, ffn, hidden);
-    fill.matrix(l.w_down.get(), hidden, ffn);
+    fill.shard(l.w_gate_up.get(), ffn, hidden, hidden);
+    fill.shard(l.w_gate_up.get() + ffn * hidden, ffn, hidden, hidden);
+    fill.shard(l.w_down.get(), hidden, ffn, full_ffn);
   }
   cuda_check(cudaStreamSynchronize(stream_), "dummy weight fill");
   finish_setup();
@@ -355,6 +379,14 @@ void CudaModel::run_graph(const GraphKey& key, DeviceAttention& attention, int64
   ++stats_.graph_replays;
 }
 
+void CudaModel::sum_over_ranks(bf16* data, int64_t count, cudaStream_t stream) {
+#ifdef SPIN_WITH_NCCL
+  if (options_.communicator) options_.communicator->all_reduce_sum(data, static_cast<size_t>(count), stream);
+#else
+  (void)data, (void)count, (void)stream;
+#endif
+}
+
 void CudaModel::enqueue_forward(DeviceAttention& attention, int64_t rows, int64_t logit_rows) {
   const ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size, ffn = c.intermediate_size;
@@ -385,12 +417,14 @@ void CudaModel::enqueue_forward(DeviceAttention& attention, int64_t rows, int64_
     cuda_check(cuda::qk_norm_rope_bf16(rope, s), "q/k norm and RoPE");
     attention.forward(l, qkv_.get(), qkv_width_, attn_.get(), s);
     gemm_->matmul_nt(attn_.get(), L.wo.get(), proj_.get(), rows, hidden, q_width_, s);
+    sum_over_ranks(proj_.get(), rows * hidden, s);
     cuda_check(cuda::rmsnorm_residual_bf16(proj_.get(), x_.get(), L.ffn_norm.get(), h_.get(), rows, hidden,
                                            c.rms_eps, s),
                "MLP norm");
     gemm_->matmul_nt(h_.get(), L.w_gate_up.get(), gate_up_.get(), rows, 2 * ffn, hidden, s);
     cuda_check(cuda::silu_mul_bf16(gate_up_.get(), rows, ffn, act_.get(), s), "SiLU");
     gemm_->matmul_nt(act_.get(), L.w_down.get(), proj_.get(), rows, hidden, ffn, s);
+    sum_over_ranks(proj_.get(), rows * hidden, s);
     const bf16* next_norm = l + 1 < c.n_layers ? layers_[static_cast<size_t>(l + 1)].attn_norm.get() : out_norm_.get();
     cuda_check(cuda::rmsnorm_residual_bf16(proj_.get(), x_.get(), next_norm, h_.get(), rows, hidden, c.rms_eps, s),
                l + 1 < c.n_layers ? "attention norm" : "output norm");
@@ -399,6 +433,74 @@ void CudaModel::enqueue_forward(DeviceAttention& attention, int64_t rows, int64_
              "logit row gather");
   const bf16* output = separate_lm_head_ ? lm_head_.get() : tok_embd_.get();
   gemm_->matmul_nt(logit_inputs_.get(), output, logits_.get(), logit_rows, c.vocab_size, hidden, s);
+}
+
+namespace {
+
+#ifdef SPIN_WITH_NCCL
+// One GPU rank: its communicator and its model over the rank's shard. The model goes first (its
+// stream and graphs hold the communicator's work); the communicator's teardown is collective, so
+// TensorParallelModel destroys every rank at once, each on its own thread.
+class CudaRank final : public ForwardModel {
+ public:
+  CudaRank(std::unique_ptr<cuda::NcclCommunicator> communicator, std::unique_ptr<CudaModel> model)
+      : communicator_(std::move(communicator)), model_(std::move(model)) {}
+  ~CudaRank() override { model_.reset(); }
+
+  const ModelConfig& config() const override { return model_->config(); }
+  AttentionShape attention_shape() const override { return model_->attention_shape(); }
+  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override {
+    model_->forward(chunks, all_logits, logits);
+  }
+
+ private:
+  std::unique_ptr<cuda::NcclCommunicator> communicator_;
+  std::unique_ptr<CudaModel> model_;
+};
+#endif
+
+}  // namespace
+
+CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, const ModelConfig& config,
+                                                   uint64_t seed, int world, const CudaModelOptions& options) {
+  check_tensor_parallel(config, world);
+  int devices = 0;
+  const cudaError_t counted = cudaGetDeviceCount(&devices);
+  if (counted != cudaSuccess) {
+    cudaGetLastError();
+    devices = 0;
+  }
+  SPIN_CHECK(world <= devices, "--tensor-parallel-size {} needs {} GPUs (one per rank); {} visible to this process",
+             world, world, devices);
+#ifndef SPIN_WITH_NCCL
+  (void)weights, (void)seed, (void)options;
+  fail("--tensor-parallel-size {} on the GPU needs NCCL, and this spin was built without it (configure with nccl.h "
+       "and libnccl visible, or NCCL_ROOT=<install>)",
+       world);
+#else
+  const cuda::NcclId id = cuda::make_nccl_id();
+  CudaTensorParallel out;
+  out.ranks.resize(static_cast<size_t>(world));
+  // A rank that fails while the others wait inside NCCL cannot wake them (the communicators have
+  // no abort here); the collectives of every rank are enqueued from identical steps, so a failure
+  // that happens on one rank alone is a device fault, after which the process must be restarted.
+  RankLinks links;
+  out.model = std::make_unique<TensorParallelModel>(
+      config, world,
+      [&](int r) -> std::unique_ptr<ForwardModel> {
+        cuda_check(cudaSetDevice(r), "cudaSetDevice");
+        auto communicator = std::make_unique<cuda::NcclCommunicator>(id, r, world, r);
+        CudaModelOptions rank_options = options;
+        rank_options.device = r;
+        rank_options.communicator = communicator.get();
+        auto model = weights ? std::make_unique<CudaModel>(shard_weights(*weights, r, world), rank_options)
+                             : std::make_unique<CudaModel>(shard_config(config, world), seed, rank_options);
+        out.ranks[static_cast<size_t>(r)] = model.get();
+        return std::make_unique<CudaRank>(std::move(communicator), std::move(model));
+      },
+      std::move(links));
+  return out;
+#endif
 }
 
 }  // namespace spin

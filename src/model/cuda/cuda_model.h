@@ -8,11 +8,18 @@
 // with or without CUDA graphs, so both modes compute exactly the same thing; with graphs on, a
 // step whose shape was seen before replays the graph captured for it (the second time a shape
 // comes: the first runs eagerly and warms up cuBLASLt and the kernels).
+//
+// Tensor parallelism (model/tensor_parallel.h): a CudaModel built over one rank's shard with that
+// rank's NCCL communicator sums the partial outputs of the O and down projections over the ranks
+// (bf16 all-reduce on the model's stream, as vLLM does) before each residual add. The all-reduces
+// are captured into the decode graphs like every other kernel; every rank runs the same steps, so
+// the ranks' collectives match whether a step replays a graph or runs eagerly.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -23,9 +30,14 @@
 #include "model/cuda/gemm.h"
 #include "model/device_attention.h"
 #include "model/forward_model.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace spin {
+
+namespace cuda {
+class NcclCommunicator;
+}
 
 struct CudaModelOptions {
   int device = 0;
@@ -38,6 +50,9 @@ struct CudaModelOptions {
   int64_t max_sequences = 256;
   // Largest padded decode batch run as a graph; larger ones run eagerly.
   int64_t max_graph_batch = 512;
+  // Tensor parallelism: this rank's communicator (on `device`; not owned), with which the model
+  // sums its row-parallel products over the ranks. Null: one GPU, no collectives.
+  cuda::NcclCommunicator* communicator = nullptr;
 };
 
 class CudaModel final : public ForwardModel {
@@ -46,7 +61,10 @@ class CudaModel final : public ForwardModel {
   // w_gate|w_up into one matrix each. The host weights may be freed afterwards.
   CudaModel(const ModelWeights& weights, const CudaModelOptions& options);
   // Random weights made on the device: equal to make_dummy_weights(config, seed) rounded to bf16,
-  // without any host copy.
+  // without any host copy. With a communicator, config is the rank's shard (shard_config) and the
+  // replicated tensors (embeddings, norms, LM head) are the same on every rank while each rank's
+  // slices of the split matrices come from its own seed: a valid sharded model, but not the shard
+  // of the unsplit dummy model.
   CudaModel(const ModelConfig& config, uint64_t seed, const CudaModelOptions& options);
   ~CudaModel() override;
   CudaModel(const CudaModel&) = delete;
@@ -84,6 +102,8 @@ class CudaModel final : public ForwardModel {
   void enqueue_forward(DeviceAttention& attention, int64_t rows, int64_t logit_rows);
   void run_graph(const GraphKey& key, DeviceAttention& attention, int64_t rows, int64_t logit_rows);
   void drop_graphs();
+  // Tensor parallelism: data[0, count) summed over the ranks, in place (nothing on one GPU).
+  void sum_over_ranks(__nv_bfloat16* data, int64_t count, cudaStream_t stream);
 
   ModelConfig config_;
   CudaModelOptions options_;
@@ -116,5 +136,20 @@ class CudaModel final : public ForwardModel {
   std::set<GraphKey> warmed_up_;
   Stats stats_;
 };
+
+// A tensor-parallel model on GPUs 0..world-1: one CudaModel per rank on GPU `rank`, each with its
+// own NCCL communicator (made and destroyed on the rank's thread), joined by TensorParallelModel.
+struct CudaTensorParallel {
+  std::unique_ptr<TensorParallelModel> model;
+  std::vector<CudaModel*> ranks;  // rank r's model (owned by `model`): weight bytes, statistics
+};
+
+// weights: host weights, split with shard_weights (the caller may free them afterwards); null:
+// dummy weights made on each GPU from `seed` for the rank's shard of `config` (no host copy; see
+// the dummy constructor). options.device and options.communicator are set per rank. Throws
+// spin::Error when world does not split the model, fewer than world GPUs are visible, spin was
+// built without NCCL, or a rank's setup fails.
+CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, const ModelConfig& config,
+                                                   uint64_t seed, int world, const CudaModelOptions& options);
 
 }  // namespace spin
