@@ -519,6 +519,8 @@ int64_t CudaPagedAttentionFactory::page_size() const { return store_->page_size(
 std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories(const AttentionShape& rank_shape,
                                                                                  CudaPagedKvConfig config, int world) {
   SPIN_CHECK(world >= 1, "tensor parallel: the world size must be >= 1, got {}", world);
+  int caller_device = 0;
+  cuda_check(cudaGetDevice(&caller_device), "cudaGetDevice");
   std::vector<std::unique_ptr<CudaPagedAttentionFactory>> ranks;
   for (int r = 0; r < world; ++r) {
     config.device = r;
@@ -534,6 +536,7 @@ std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories
     config.device_pages = smallest;
     ranks[static_cast<size_t>(r)] = std::make_unique<CudaPagedAttentionFactory>(rank_shape, config);
   }
+  cuda_check(cudaSetDevice(caller_device), "cudaSetDevice");  // each store set its own GPU
   return ranks;
 }
 

@@ -160,6 +160,7 @@ CudaModel::CudaModel(const ModelConfig& config, uint64_t seed, const CudaModelOp
 }
 
 CudaModel::~CudaModel() {
+  cudaSetDevice(options_.device);  // the thread may be on another GPU (tensor parallelism, tests)
   drop_graphs();
   if (stream_) cudaStreamDestroy(stream_);
 }
