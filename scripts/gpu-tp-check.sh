@@ -2,7 +2,8 @@
 # Tensor parallelism on a machine with 2 (or more) GPUs, with binaries built elsewhere
 # (scripts/gpu-prebuild.sh stages them in .gpu-bin/; the device call carries .gpu-bin and
 # .gpu-deps): the tensor-parallel and NCCL GPU tests, then dummy Qwen3-32B decode at tp=1 and
-# tp=2 (batch 1, 8, 32; context 1024 and 8192), and a short scaling table last.
+# tp=2 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA graphs, and a short scaling table
+# last (rows that do not fit one GPU's KV pool at tp=1 show '-').
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Results go to $OUT when set.
 # SPIN_GPU_PREBUILT: the binaries' folder (default .gpu-bin); SPIN_TP_MODEL: the dummy preset
 # (default qwen3-32b).
@@ -13,6 +14,7 @@ mkdir -p "$out"
 bin=${SPIN_GPU_PREBUILT:-.gpu-bin}
 model=${SPIN_TP_MODEL:-qwen3-32b}
 export NCCL_NVLS_ENABLE=0
+export NCCL_DEBUG=${NCCL_DEBUG:-VERSION}  # the NCCL version in the log, once per communicator
 
 deps=/tmp/spin-deps
 mkdir -p "$deps"
@@ -32,7 +34,7 @@ if [ -n "${nccl_dir:-}" ]; then
 else
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH
 fi
-echo "libnccl from: ${nccl_dir:-(not found in /usr/local/cuda/lib64 nor nvidia.nccl; the loader's default)}" \
+echo "libnccl from: ${nccl_dir:-(not found in /usr/local/cuda/lib64 nor nvidia.nccl; left to the dynamic loader)}" \
   | tee "$out/nccl.txt"
 ldd "$bin/tests/spin_gpu_tests" | grep -E 'nccl|not found' | tee -a "$out/nccl.txt"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$out/gpu.txt"
@@ -50,6 +52,11 @@ for tp in 1 2; do
   echo "== dummy $model decode, tensor parallel $tp"
   timeout 100 "${bench[@]}" --tensor-parallel-size "$tp" 2>&1 | tee "$out/bench_tp$tp.md" || status=1
 done
+# The all-reduces inside CUDA graphs against eager steps (and a fallback figure if capture fails).
+echo "== dummy $model decode, tensor parallel 2, CUDA graphs off"
+timeout 60 "$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8 \
+  --decode-context 1024 --prefill 16 --decode-tokens 16 --repeats 2 --tensor-parallel-size 2 --no-cuda-graphs \
+  2>&1 | tee "$out/bench_tp2_no_graphs.md" || status=1
 
 echo "== decode tok/s: tensor parallel 1 vs 2 ($model, dummy weights)"
 python3 - "$out/bench_tp1.md" "$out/bench_tp2.md" <<'EOF' | tee "$out/scaling.md"
