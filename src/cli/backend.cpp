@@ -191,14 +191,17 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   b.device = resolve_device(options.device, options.sparse_default);
   // A dummy model on the GPU is filled there: no host copy of its weights at all.
   load.dummy_weights_on_host = b.device == "cpu";
-  b.model = std::make_unique<LoadedModel>(load_model(load));
-  check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
+  // Before loading: a large model takes a while to read.
+  SPIN_CHECK(options.tensor_parallel_size >= 1, "--tensor-parallel-size must be >= 1, got {}",
+             options.tensor_parallel_size);
   if (b.device == "cuda") {
     const int gpus = cuda_device_count();
     SPIN_CHECK(options.tensor_parallel_size <= gpus,
                "--tensor-parallel-size {} needs {} GPUs (one per rank); {} visible to this process",
                options.tensor_parallel_size, options.tensor_parallel_size, gpus);
   }
+  b.model = std::make_unique<LoadedModel>(load_model(load));
+  check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
   EngineConfig engine = engine_flags;
   if (engine.max_model_len == 0) engine.max_model_len = b.model->weights.config.max_position;
 #ifdef SPIN_WITH_CUDA
