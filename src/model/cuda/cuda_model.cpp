@@ -10,6 +10,7 @@
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda/rmsnorm.h"
+#include "model/communicator.h"
 #include "model/rope.h"
 
 namespace spin {
@@ -316,6 +317,7 @@ void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, 
     cuda_check(cudaMemcpyAsync(device, host, static_cast<size_t>(2 * rows + logit_rows) * sizeof(int32_t),
                                cudaMemcpyHostToDevice, stream_),
                "step input upload");
+    if (options_.ranks_ready) options_.ranks_ready();
     if (options_.cuda_graphs && decode_only && rows <= options_.max_graph_batch) {
       run_graph(GraphKey{rows, attention, layout.context_bucket, layout.buffers_epoch, buffers_epoch_}, *attention,
                 rows, logit_rows);
@@ -485,7 +487,10 @@ CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, 
   // A rank that fails while the others wait inside NCCL cannot wake them (the communicators have
   // no abort here); the collectives of every rank are enqueued from identical steps, so a failure
   // that happens on one rank alone is a device fault, after which the process must be restarted.
-  RankLinks links;
+  // The ranks' step barrier (CudaModelOptions::ranks_ready); a failing rank aborts it so the
+  // others do not wait for it.
+  auto group = std::make_shared<InProcessGroup>(world);
+  RankLinks links{.abort = [group] { group->abort(); }, .reset = [group] { group->reset(); }};
   out.model = std::make_unique<TensorParallelModel>(
       config, world,
       [&](int r) -> std::unique_ptr<ForwardModel> {
@@ -494,6 +499,10 @@ CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, 
         CudaModelOptions rank_options = options;
         rank_options.device = r;
         rank_options.communicator = communicator.get();
+        rank_options.ranks_ready = [group, r] {
+          float arrived = 0.0f;
+          group->communicator(r).all_reduce_sum(&arrived, 1);
+        };
         auto model = weights ? std::make_unique<CudaModel>(shard_weights(*weights, r, world), rank_options)
                              : std::make_unique<CudaModel>(shard_config(config, world), seed, rank_options);
         out.ranks[static_cast<size_t>(r)] = model.get();

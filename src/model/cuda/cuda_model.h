@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -53,6 +54,11 @@ struct CudaModelOptions {
   // Tensor parallelism: this rank's communicator (on `device`; not owned), with which the model
   // sums its row-parallel products over the ranks. Null: one GPU, no collectives.
   cuda::NcclCommunicator* communicator = nullptr;
+  // Tensor parallelism: a host barrier over the ranks, called after the step's allocations and
+  // before its first collective. cudaMalloc/cudaFree (and pinned host allocations) synchronise
+  // with the peer GPUs, so a rank still allocating while another waits inside an all-reduce for
+  // it would deadlock. Throws when the group was aborted by a failing rank.
+  std::function<void()> ranks_ready;
 };
 
 class CudaModel final : public ForwardModel {
