@@ -1,7 +1,17 @@
-// CPU forward-pass benchmark: prefill tok/s at 512 and 4096 prompt tokens and decode tok/s,
-// next to the decode bound set by memory bandwidth measured in the same run
-// (fp32 weight bytes read per token ÷ the read bandwidth of all the model's threads).
-// Prints a markdown table.
+// Forward-pass benchmark, next to the physical bound of the same run.
+// --device cpu: prefill tok/s at a few prompt lengths and decode tok/s of one sequence; the decode
+//   bound is fp32 weight bytes read per token ÷ the read bandwidth of all the model's threads,
+//   measured in the same run.
+// --device cuda: the bf16 CudaModel on its paged device KV store. Prefill tok/s, and decode tok/s
+//   for each batch size x context length; the bound of a decode step is the bytes it must read
+//   (bf16 weights + every sequence's K and V) ÷ device-to-device cudaMemcpy bandwidth measured in
+//   the same process (median of repeats; bytes read + written per second). Long contexts are
+//   not prefilled: their KV pages are allocated and left as they are (decode time depends on the
+//   number of keys, not their values).
+//   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
+//   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
+//   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
+// Prints markdown tables.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -17,6 +27,14 @@
 #include "model/contiguous_attention.h"
 #include "model/loader.h"
 #include "model/transformer.h"
+#ifdef SPIN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "engine/cuda/cuda_paged_attention.h"
+#include "engine/tensor_parallel_factory.h"
+#include "model/cuda/cuda_model.h"
+#include "model/tensor_parallel.h"
+#endif
 
 namespace {
 
@@ -30,6 +48,22 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
+
+struct BenchArgs {
+  std::string model;
+  std::string load_format = "auto";
+  std::string device = "cpu";
+  std::vector<int64_t> prefill_lengths{512, 4096};
+  int64_t decode_tokens = 64;
+  std::vector<int64_t> decode_contexts{128, 8192};
+  std::vector<int64_t> batches{1, 8, 32};
+  int64_t prefill_chunk = 2048;
+  int repeats = 3;
+  int threads = 0;
+  bool cuda_graphs = true;
+  double gpu_memory_utilization = 0.9;
+  int tensor_parallel_size = 1;
+};
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
 // the caches): decode streams every weight once, so this is its ceiling.
@@ -60,97 +94,307 @@ double read_bandwidth(size_t bytes, int repeats) {
   return median(rates);
 }
 
-}  // namespace
+void run_cpu(const BenchArgs& a) {
+  spin::cpu::set_num_threads(a.threads);
+  spin::LoadedModel model = spin::load_model({a.model, a.load_format, 0});
+  const spin::ModelConfig& c = model.weights.config;
+  spin::Transformer transformer(model.weights);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<float> logits;
+  const int64_t decode_tokens = a.decode_tokens;
+  const int repeats = a.repeats;
 
-int main(int argc, char** argv) {
-  CLI::App app{"spin CPU model benchmark"};
-  std::string model_path;
-  std::vector<int64_t> prefill_lengths{512, 4096};
-  int64_t decode_tokens = 64;
-  std::vector<int64_t> decode_contexts{128, 8192};
-  int repeats = 3;
-  int threads = 0;
-  app.add_option("--model", model_path, ".gguf file or HF directory")->required();
-  app.add_option("--prefill", prefill_lengths, "prompt lengths to time")->capture_default_str();
-  app.add_option("--decode-tokens", decode_tokens, "decode steps to time")->capture_default_str();
-  app.add_option("--decode-context", decode_contexts, "context lengths to decode after")
-      ->capture_default_str();
-  app.add_option("--repeats", repeats, "repeats (median reported)")->capture_default_str();
-  app.add_option("--threads", threads, "threads (default: all cores)");
-  CLI11_PARSE(app, argc, argv);
-
-  try {
-    spin::cpu::set_num_threads(threads);
-    spin::LoadedModel model = spin::load_model({model_path, "auto", 0});
-    const spin::ModelConfig& c = model.weights.config;
-    spin::Transformer transformer(model.weights);
-    std::mt19937 rng(7);
-    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
-    std::vector<float> logits;
-
-    std::printf("| measurement | value |\n|---|---|\n");
-    std::printf("| threads | %d |\n", spin::cpu::num_threads());
-    for (int64_t n : prefill_lengths) {
-      std::vector<int32_t> prompt(n);
-      for (int32_t& t : prompt) t = token(rng);
-      std::vector<double> rates;
-      for (int r = 0; r < repeats; ++r) {
-        spin::ContiguousAttention kv(transformer.attention_shape(), n);
-        const auto t = clock_type::now();
-        for (int64_t pos = 0; pos < n; pos += 512) {
-          const int64_t len = std::min<int64_t>(512, n - pos);
-          spin::SequenceChunk chunk{std::span<const int32_t>(prompt).subspan(pos, len), pos, &kv};
-          transformer.forward(std::span(&chunk, 1), false, logits);
-        }
-        rates.push_back(n / seconds_since(t));
-      }
-      std::printf("| prefill %lld tokens (tok/s, chunks of 512) | %.1f |\n",
-                  static_cast<long long>(n), median(rates));
-    }
-
-    // Decode after prompts of each length: the first is short, so weights dominate the step.
-    std::vector<double> decode_rates;
-    for (int64_t context : decode_contexts) {
-      // One prefill per context; each repeat continues the same sequence for decode_tokens steps.
-      spin::ContiguousAttention kv(transformer.attention_shape(),
-                                   context + repeats * decode_tokens + 1);
-      std::vector<int32_t> prompt(context);
-      for (int32_t& t : prompt) t = token(rng);
-      for (int64_t pos = 0; pos < context; pos += 512) {
-        const int64_t len = std::min<int64_t>(512, context - pos);
+  std::printf("| measurement | value |\n|---|---|\n");
+  std::printf("| threads | %d |\n", spin::cpu::num_threads());
+  for (int64_t n : a.prefill_lengths) {
+    std::vector<int32_t> prompt(n);
+    for (int32_t& t : prompt) t = token(rng);
+    std::vector<double> rates;
+    for (int r = 0; r < repeats; ++r) {
+      spin::ContiguousAttention kv(transformer.attention_shape(), n);
+      const auto t = clock_type::now();
+      for (int64_t pos = 0; pos < n; pos += 512) {
+        const int64_t len = std::min<int64_t>(512, n - pos);
         spin::SequenceChunk chunk{std::span<const int32_t>(prompt).subspan(pos, len), pos, &kv};
         transformer.forward(std::span(&chunk, 1), false, logits);
       }
-      std::vector<double> rates;
-      int64_t pos = context;
-      for (int r = 0; r < repeats; ++r) {
-        const auto t = clock_type::now();
-        for (int64_t i = 0; i < decode_tokens; ++i, ++pos) {
-          const int32_t id = token(rng);
-          spin::SequenceChunk step{std::span(&id, 1), pos, &kv};
-          transformer.forward(std::span(&step, 1), false, logits);
-        }
-        rates.push_back(decode_tokens / seconds_since(t));
-      }
-      decode_rates.push_back(median(rates));
-      std::printf("| decode after %lld tokens (tok/s; ms/step) | %.1f; %.1f |\n",
-                  static_cast<long long>(context), decode_rates.back(), 1e3 / decode_rates.back());
+      rates.push_back(n / seconds_since(t));
     }
-    const double decode = decode_rates.front();
+    std::printf("| prefill %lld tokens (tok/s, chunks of 512) | %.1f |\n", static_cast<long long>(n), median(rates));
+  }
 
-    // Weight bytes one decode step reads: every matrix once (fp32), plus norms; the embedding
-    // table contributes one row unless it doubles as the LM head.
-    const int64_t params = c.parameter_count();
-    const int64_t embedding_not_read = c.tie_embeddings ? 0 : (c.vocab_size - 1) * c.hidden_size;
-    const double weight_bytes = 4.0 * static_cast<double>(params - embedding_not_read);
-    const double bandwidth = read_bandwidth(size_t{1} << 30, 7);
-    const double bound = bandwidth / weight_bytes;
-    std::printf("| fp32 weight bytes read per token | %.1f MB |\n", weight_bytes / 1e6);
-    std::printf("| read bandwidth (%d threads, 1 GiB, median of 7) | %.2f GB/s |\n", spin::cpu::num_threads(),
-                bandwidth / 1e9);
-    std::printf("| decode bound = bandwidth / weight bytes (tok/s) | %.1f |\n", bound);
-    std::printf("| decode after %lld tokens / bound | %.0f%% |\n",
-                static_cast<long long>(decode_contexts.front()), 100.0 * decode / bound);
+  // Decode after prompts of each length: the first is short, so weights dominate the step.
+  std::vector<double> decode_rates;
+  for (int64_t context : a.decode_contexts) {
+    // One prefill per context; each repeat continues the same sequence for decode_tokens steps.
+    spin::ContiguousAttention kv(transformer.attention_shape(), context + repeats * decode_tokens + 1);
+    std::vector<int32_t> prompt(context);
+    for (int32_t& t : prompt) t = token(rng);
+    for (int64_t pos = 0; pos < context; pos += 512) {
+      const int64_t len = std::min<int64_t>(512, context - pos);
+      spin::SequenceChunk chunk{std::span<const int32_t>(prompt).subspan(pos, len), pos, &kv};
+      transformer.forward(std::span(&chunk, 1), false, logits);
+    }
+    std::vector<double> rates;
+    int64_t pos = context;
+    for (int r = 0; r < repeats; ++r) {
+      const auto t = clock_type::now();
+      for (int64_t i = 0; i < decode_tokens; ++i, ++pos) {
+        const int32_t id = token(rng);
+        spin::SequenceChunk step{std::span(&id, 1), pos, &kv};
+        transformer.forward(std::span(&step, 1), false, logits);
+      }
+      rates.push_back(decode_tokens / seconds_since(t));
+    }
+    decode_rates.push_back(median(rates));
+    std::printf("| decode after %lld tokens (tok/s; ms/step) | %.1f; %.1f |\n", static_cast<long long>(context),
+                decode_rates.back(), 1e3 / decode_rates.back());
+  }
+  const double decode = decode_rates.front();
+
+  // Weight bytes one decode step reads: every matrix once (fp32), plus norms; the embedding
+  // table contributes one row unless it doubles as the LM head.
+  const int64_t params = c.parameter_count();
+  const int64_t embedding_not_read = c.tie_embeddings ? 0 : (c.vocab_size - 1) * c.hidden_size;
+  const double weight_bytes = 4.0 * static_cast<double>(params - embedding_not_read);
+  const double bandwidth = read_bandwidth(size_t{1} << 30, 7);
+  const double bound = bandwidth / weight_bytes;
+  std::printf("| fp32 weight bytes read per token | %.1f MB |\n", weight_bytes / 1e6);
+  std::printf("| read bandwidth (%d threads, 1 GiB, median of 7) | %.2f GB/s |\n", spin::cpu::num_threads(),
+              bandwidth / 1e9);
+  std::printf("| decode bound = bandwidth / weight bytes (tok/s) | %.1f |\n", bound);
+  std::printf("| decode after %lld tokens / bound | %.0f%% |\n", static_cast<long long>(a.decode_contexts.front()),
+              100.0 * decode / bound);
+}
+
+#ifdef SPIN_WITH_CUDA
+
+void cuda_ok(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) spin::fail("{}: {}", what, cudaGetErrorString(status));
+}
+
+// Device-to-device cudaMemcpy of 1 GiB: bytes read + bytes written per second, median of repeats
+// timed with events (the rate an ideal read-bound kernel approaches on HBM).
+double device_copy_bandwidth(int repeats) {
+  const size_t bytes = size_t{1} << 30;
+  void *src = nullptr, *dst = nullptr;
+  cuda_ok(cudaMalloc(&src, bytes), "bandwidth buffer");
+  cuda_ok(cudaMalloc(&dst, bytes), "bandwidth buffer");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> rates;
+  for (int r = 0; r < repeats + 1; ++r) {
+    cudaEventRecord(start);
+    cuda_ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice), "device copy");
+    cudaEventRecord(stop);
+    cuda_ok(cudaEventSynchronize(stop), "device copy");
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (r > 0) rates.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3));  // first: warm-up
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
+  return median(rates);
+}
+
+void run_cuda(const BenchArgs& a) {
+  spin::LoadOptions load{a.model, a.load_format, 0};
+  load.dummy_weights_on_host = false;
+  spin::LoadedModel loaded = spin::load_model(load);
+  const spin::ModelConfig c = loaded.weights.config;
+  const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
+  const int64_t max_context = std::max(*std::max_element(a.decode_contexts.begin(), a.decode_contexts.end()),
+                                       *std::max_element(a.prefill_lengths.begin(), a.prefill_lengths.end())) +
+                              a.decode_tokens * (a.repeats + 2) + 8;
+  spin::CudaModelOptions options;
+  options.cuda_graphs = a.cuda_graphs;
+  options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
+  options.max_sequences = max_batch;
+  const int world = a.tensor_parallel_size;
+  const auto load_start = clock_type::now();
+  // One GPU: a CudaModel; several: the tensor-parallel model over per-rank CudaModels. `ranks`
+  // are the CudaModels either way (weight bytes and statistics per GPU).
+  std::unique_ptr<spin::ForwardModel> model;
+  std::vector<spin::CudaModel*> ranks;
+  const bool dummy = a.load_format == "dummy";
+  if (world > 1) {
+    spin::CudaTensorParallel tp =
+        spin::make_cuda_tensor_parallel_model(dummy ? nullptr : &loaded.weights, c, load.seed, world, options);
+    ranks = tp.ranks;
+    model = std::move(tp.model);
+  } else {
+    auto single = dummy ? std::make_unique<spin::CudaModel>(c, load.seed, options)
+                        : std::make_unique<spin::CudaModel>(loaded.weights, options);
+    ranks = {single.get()};
+    model = std::move(single);
+  }
+  loaded.weights = spin::ModelWeights{};
+  const double load_seconds = seconds_since(load_start);
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+  const double bandwidth = device_copy_bandwidth(9);  // before the pool takes the free memory
+
+  spin::CudaPagedKvConfig kv_config;
+  kv_config.gpu_memory_utilization = a.gpu_memory_utilization;
+  kv_config.max_batch = max_batch;
+  kv_config.max_context = max_context;
+  const spin::AttentionShape rank_shape = ranks.front()->attention_shape();
+  std::vector<std::unique_ptr<spin::CudaPagedAttentionFactory>> rank_factories =
+      spin::make_cuda_rank_factories(rank_shape, kv_config, world);
+  const spin::CudaPagedAttentionFactory& factory = *rank_factories.front();
+  // A sequence's KV: one handle per rank (TensorParallelKv) when split, else the store's own.
+  auto create_kv = [&](int64_t capacity) -> std::unique_ptr<spin::SequenceKv> {
+    if (world == 1) return rank_factories.front()->create(spin::AttentionSettings{}, capacity);
+    std::vector<std::unique_ptr<spin::SequenceKv>> parts;
+    for (auto& f : rank_factories) parts.push_back(f->create(spin::AttentionSettings{}, capacity));
+    return std::make_unique<spin::TensorParallelKv>(std::move(parts));
+  };
+  auto append_uncomputed = [&](spin::SequenceKv& kv, int64_t tokens) {
+    if (world == 1) return rank_factories.front()->append_uncomputed(kv, tokens);
+    auto& split = dynamic_cast<spin::TensorParallelKv&>(kv);
+    for (int r = 0; r < world; ++r) rank_factories[static_cast<size_t>(r)]->append_uncomputed(split.rank(r), tokens);
+  };
+  // Per GPU from here on: pages, pool and bytes read are one rank's.
+  const int64_t pages_per_group = rank_shape.n_layers * rank_shape.n_kv_heads;
+  const int64_t pool_tokens = factory.capacity().device_pages / pages_per_group * factory.page_size();
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  // bf16 K and V of one token in every layer and KV head of one rank.
+  const double kv_bytes_per_token =
+      2.0 * 2.0 * static_cast<double>(rank_shape.n_layers * rank_shape.n_kv_heads * rank_shape.head_dim);
+  // Every weight matrix is read once per step, except the embedding table, of which a step reads
+  // one row per sequence (unless it is also the LM head).
+  const double embedding_unread = c.tie_embeddings ? 0.0 : 2.0 * static_cast<double>(c.vocab_size * c.hidden_size);
+
+  std::printf("## %s on %d x %s (bf16, CUDA graphs %s, tensor parallel %d)\n\n", loaded.name.c_str(), world,
+              prop.name, a.cuda_graphs ? "on" : "off", world);
+  std::printf("| measurement | value |\n|---|---|\n");
+  std::printf("| weights (bf16, per GPU) | %.2f GB (made in %.1f s) |\n", ranks.front()->weight_bytes() / 1e9,
+              load_seconds);
+  std::printf("| KV pool (per GPU) | %.2f GB, %lld tokens of one sequence |\n", factory.pool_bytes() / 1e9,
+              static_cast<long long>(pool_tokens));
+  std::printf("| device copy bandwidth (read + write, 1 GiB cudaMemcpy, median of 9) | %.0f GB/s |\n", bandwidth / 1e9);
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<float> logits;
+  for (int64_t n : a.prefill_lengths) {
+    std::vector<int32_t> prompt(static_cast<size_t>(n));
+    for (int32_t& t : prompt) t = token(rng);
+    std::vector<double> rates;
+    for (int r = 0; r < a.repeats + 1; ++r) {
+      std::unique_ptr<spin::SequenceKv> kv = create_kv(n);
+      const auto t = clock_type::now();
+      for (int64_t pos = 0; pos < n; pos += a.prefill_chunk) {
+        const int64_t len = std::min(a.prefill_chunk, n - pos);
+        spin::SequenceChunk chunk{std::span<const int32_t>(prompt).subspan(pos, len), pos, kv.get()};
+        model->forward(std::span(&chunk, 1), false, logits);
+      }
+      if (r > 0) rates.push_back(static_cast<double>(n) / seconds_since(t));  // first: warm-up
+    }
+    std::printf("| prefill %lld tokens (tok/s, chunks of %lld) | %.0f |\n", static_cast<long long>(n),
+                static_cast<long long>(a.prefill_chunk), median(rates));
+  }
+
+  std::printf("\n| batch | context | decode tok/s | ms/step | bytes read/step | bound tok/s | of bound |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (int64_t batch : a.batches) {
+    for (int64_t context : a.decode_contexts) {
+      const int64_t capacity = context + a.decode_tokens * (a.repeats + 2) + 1;
+      const int64_t pages_needed = batch * ((capacity + factory.page_size() - 1) / factory.page_size()) * pages_per_group;
+      if (pages_needed > factory.capacity().device_pages) {
+        std::printf("| %lld | %lld | (KV of %.1f GB does not fit the pool) | | | | |\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9);
+        continue;
+      }
+      std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
+      for (int64_t b = 0; b < batch; ++b) {
+        seqs.push_back(create_kv(capacity));
+        append_uncomputed(*seqs.back(), context);
+      }
+      std::vector<int32_t> ids(static_cast<size_t>(batch));
+      std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
+      auto decode_step = [&] {
+        for (int64_t b = 0; b < batch; ++b) {
+          ids[b] = token(rng);
+          chunks[b] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
+        }
+        model->forward(chunks, false, logits);
+      };
+      // Warm-up: the first step of a shape runs eagerly, the second captures its graph.
+      decode_step();
+      decode_step();
+      std::vector<double> step_seconds;
+      for (int r = 0; r < a.repeats; ++r) {
+        const auto t = clock_type::now();
+        for (int64_t i = 0; i < a.decode_tokens; ++i) decode_step();
+        step_seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
+      }
+      const double step = median(step_seconds);
+      const double mean_context = static_cast<double>(context) + 2.0 + a.decode_tokens * (a.repeats / 2.0);
+      const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
+                           static_cast<double>(batch) * mean_context * kv_bytes_per_token;
+      const double bound = static_cast<double>(batch) / (bytes / bandwidth);
+      std::printf("| %lld | %lld | %.1f | %.2f | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), batch / step, step * 1e3, bytes / 1e9, bound,
+                  100.0 * (batch / step) / bound);
+      std::fflush(stdout);
+    }
+  }
+  const spin::CudaModel::Stats s = ranks.front()->stats();
+  std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps include the logits' "
+              "copy to the host\n",
+              static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
+              static_cast<long long>(s.graphs_captured));
+}
+
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"spin model benchmark (CPU or GPU forward pass)"};
+  BenchArgs a;
+  app.add_option("--model", a.model, ".gguf file, HF directory, or preset name (with --load-format dummy)")->required();
+  app.add_option("--load-format", a.load_format, "auto | gguf | safetensors | dummy")->capture_default_str();
+  app.add_option("--device", a.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--prefill", a.prefill_lengths, "prompt lengths to time")->capture_default_str();
+  app.add_option("--prefill-chunk", a.prefill_chunk, "cuda: tokens per prefill forward")->capture_default_str();
+  app.add_option("--decode-tokens", a.decode_tokens, "decode steps to time per repeat")->capture_default_str();
+  app.add_option("--decode-context", a.decode_contexts, "context lengths to decode after")->capture_default_str();
+  app.add_option("--batch", a.batches, "cuda: decode batch sizes")->capture_default_str();
+  app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
+  app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
+  app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
+                 "cuda: split the model over GPUs 0..N-1 (dummy weights: each rank fills its shard on its GPU)")
+      ->capture_default_str();
+  app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    SPIN_CHECK(a.repeats > 0 && a.decode_tokens > 0 && a.prefill_chunk > 0 && !a.prefill_lengths.empty() &&
+                   !a.decode_contexts.empty() && !a.batches.empty(),
+               "--repeats, --decode-tokens, --prefill-chunk must be positive and the lists non-empty");
+    for (int64_t v : a.prefill_lengths) SPIN_CHECK(v > 0, "--prefill lengths must be positive, got {}", v);
+    for (int64_t v : a.decode_contexts) SPIN_CHECK(v > 0, "--decode-context lengths must be positive, got {}", v);
+    for (int64_t v : a.batches) SPIN_CHECK(v > 0 && v <= 4096, "--batch sizes must be in 1..4096, got {}", v);
+    SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
+               "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
+               a.tensor_parallel_size);
+    if (a.device == "cuda") {
+#ifdef SPIN_WITH_CUDA
+      run_cuda(a);
+#else
+      spin::fail("--device cuda: this build has no CUDA (configure with -DSPIN_CUDA=ON)");
+#endif
+    } else {
+      run_cpu(a);
+    }
   } catch (const spin::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

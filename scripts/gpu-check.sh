@@ -2,7 +2,8 @@
 # Runs on the GPU machine in ONE call: unpacks the carried Debian packages (scripts/gpu-deps.sh),
 # builds spin for sm_90, runs every GPU test, runs the GPU kernel benchmarks (spin's kernels and
 # PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
-# SPIN_GPU_BENCH=0 skips the benchmarks; SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
+# SPIN_GPU_BENCH=0 skips the benchmarks (=kernels or =model runs only that part);
+# SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
 # SPIN_GPU_PREBUILT=<dir> uses binaries built elsewhere (scripts/gpu-prebuild.sh: bin/, tests/)
 # instead of building here, which saves the device minutes of compiling.
 # Results go to $OUT (when set) so they come back with the call.
@@ -32,11 +33,27 @@ fi
 status=0
 $bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
-if [ "${SPIN_GPU_BENCH:-1}" != 0 ]; then
+bench=${SPIN_GPU_BENCH:-1}
+if [ "$bench" = 1 ] || [ "$bench" = kernels ]; then
   echo "== spin kernel benchmarks"
   $bin/bin/spin_bench_gpu_kernels all "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
   echo "== PyTorch SDPA on the same shapes"
   PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_bench.py "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || status=1
+fi
+if [ "$bench" = 1 ] || [ "$bench" = model ]; then
+  # The bf16 forward pass on dummy weights made on the device: decode tok/s against the bytes a
+  # step must read over the measured device copy bandwidth, then CUDA graphs off for the A/B.
+  echo "== spin model benchmark (GPU forward pass)"
+  model_bench=($bin/bin/spin_bench_model --device cuda --load-format dummy --decode-tokens 32 --repeats 3)
+  "${model_bench[@]}" --model qwen3-14b --batch 1 8 32 --decode-context 1024 8192 32768 --prefill 512 4096 \
+    2>&1 | tee "$out/model_qwen3-14b.md" || status=1
+  "${model_bench[@]}" --model llama-3.1-8b --batch 1 8 32 --decode-context 1024 8192 --prefill 4096 \
+    2>&1 | tee "$out/model_llama-3.1-8b.md" || status=1
+  "${model_bench[@]}" --model qwen3-14b --no-cuda-graphs --batch 1 8 --decode-context 1024 --prefill 512 \
+    2>&1 | tee "$out/model_qwen3-14b_no_graphs.md" || status=1
+  echo "== HF transformers generate on the same dummy shapes (external peer)"
+  PYTHONUNBUFFERED=1 python3 bench/gpu/hf_generate_bench.py --preset qwen3-14b --batch 1 8 32 --context 1024 \
+    --new-tokens 32 --csv "$out/hf_qwen3-14b.csv" 2>&1 | tee "$out/hf_qwen3-14b.log" || status=1
 fi
 
 python3 bench/gpu/report.py "$out/gpu_tests.json" "$out/spin_kernels.csv" "$out/sdpa.csv" | tee "$out/table.md"

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -11,13 +13,11 @@
 #include <thread>
 
 #include "base/error.h"
+#include "cli/backend.h"
 #include "cli/commands.h"
-#include "base/memory.h"
 #include "engine/engine.h"
-#include "engine/paged_attention_factory.h"
 #include "kernels/cpu/ops.h"
 #include "model/loader.h"
-#include "model/transformer.h"
 #include "server/http_server.h"
 
 namespace spin::cli {
@@ -32,7 +32,7 @@ struct ServeArgs {
   int threads = 0;
   std::string sparse_algorithm = "dense";
   double sparse_budget = 0.0;  // >= 1: tokens per KV head; in (0, 1): a fraction of the context
-  PagedStoreConfig kv;
+  BackendOptions backend;      // --device, GPU memory, CUDA graphs, KV store sizes
 };
 
 // The server's default attention settings from --sparse-algorithm / --sparse-budget.
@@ -49,30 +49,6 @@ AttentionSettings default_attention(const ServeArgs& a) {
     s.budget_fraction = a.sparse_budget;
   }
   return s;
-}
-
-// Pool sizes left at 0 get defaults from memory: a sparse server sizes the device tier for every
-// running request's full context (prefill is dense on the device) and the host tier for all of
-// them; a dense server keeps a small store for requests that ask for sparse attention.
-PagedStoreConfig paged_store(PagedStoreConfig kv, const AttentionShape& shape, const EngineConfig& engine,
-                             bool sparse_default) {
-  kv.max_batch = engine.max_num_seqs;
-  kv.max_context = engine.max_model_len;
-  const auto per_token = static_cast<double>(kv_bytes_per_token(shape));
-  const auto memory = static_cast<double>(usable_memory_bytes());
-  const int64_t streams = shape.n_layers * shape.n_kv_heads;
-  auto pages_for = [&](double tokens, double memory_share) {
-    const double capped = std::max(1.0, std::min(tokens, memory * memory_share / per_token));
-    return streams * static_cast<int64_t>(std::ceil(capped / kv.page_size));
-  };
-  const double context = static_cast<double>(engine.max_model_len);
-  if (kv.device_pages == 0) {
-    kv.device_pages = sparse_default ? pages_for(engine.max_num_seqs * context, 0.15) : pages_for(2 * context, 0.03);
-  }
-  if (kv.host_pages == 0) {
-    kv.host_pages = sparse_default ? pages_for(engine.max_num_seqs * context, 0.25) : pages_for(4 * context, 0.06);
-  }
-  return kv;
 }
 
 void run_serve(ServeArgs a) {
@@ -94,37 +70,44 @@ void run_serve(ServeArgs a) {
   a.server.threads = static_cast<int>(a.engine.max_num_seqs + a.engine.max_waiting + 16);
   server::HttpServer http(a.server);
   const int port = http.bind();
-  std::thread listener([&] { http.listen(); });
-  struct StopOnExit {
+  std::atomic<bool> listening_ended{false};
+  std::thread listener([&] {
+    http.listen();
+    listening_ended = true;
+  });
+  // httplib ignores a stop() that comes before its listen loop runs (an early error, such as a
+  // bad --model, would then hang here): stop until the loop has ended.
+  struct StopHttp {
     server::HttpServer& http;
     std::thread& listener;
-    ~StopOnExit() {
-      http.stop();
+    std::atomic<bool>& ended;
+    void now() {
+      while (!ended) {
+        http.stop();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       if (listener.joinable()) listener.join();
     }
-  } stop_on_exit{http, listener};
+    ~StopHttp() { now(); }
+  } stop_http{http, listener, listening_ended};
 
   spdlog::info("loading {} (listening on {}:{}; /health is 503 until ready)", a.load.model, a.server.host, port);
-  LoadedModel model = load_model(a.load);
-  Transformer transformer(model.weights);
   const AttentionSettings attention = default_attention(a);
-  // The context length the engine resolves (0 = the model's) sizes the paged store.
-  EngineConfig resolved = a.engine;
-  if (resolved.max_model_len == 0) resolved.max_model_len = model.weights.config.max_position;
-  const PagedStoreConfig kv =
-      paged_store(a.kv, transformer.attention_shape(), resolved, attention.algorithm != "dense");
-  Engine engine(transformer, model.tokenizer.get(), a.engine,
-                make_paged_attention_factory(transformer.attention_shape(), kv));
   SPIN_CHECK(!attention.algorithm.empty(), "--sparse-algorithm is empty");
+  a.backend.sparse_default = attention.algorithm != "dense";
+  Backend backend = make_backend(a.load, a.backend, a.engine);
+  const LoadedModel& model = *backend.model;
+  Engine engine(*backend.forward, model.tokenizer.get(), a.engine, std::move(backend.attention));
   engine.validate_attention(attention);
   engine.start();
   const std::string name = a.served_model_name.empty() ? model.name : a.served_model_name;
   http.attach(&engine, model.tokenizer.get(), name, attention);
   const EngineConfig& c = engine.config();
-  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}, KV budget {} tokens",
-               c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.kv_token_budget);
-  spdlog::info("attention: default '{}'; paged KV store: {} device pages, {} host pages of {} tokens, buffer {}x",
-               attention.algorithm, kv.device_pages, kv.host_pages, kv.page_size, kv.buffer_factor);
+  // The engine's token budget admits contiguous (CPU dense) KV; the paged stores admit by pages.
+  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}{}", c.max_num_seqs,
+               c.max_num_batched_tokens, c.max_model_len,
+               backend.device == "cpu" ? fmt::format(", KV budget {} tokens", c.kv_token_budget) : std::string());
+  spdlog::info("attention: default '{}'; {}", attention.algorithm, backend.description);
   std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), a.server.host.c_str(), port);
   std::fflush(stdout);
 
@@ -134,8 +117,7 @@ void run_serve(ServeArgs a) {
   // The engine first: it ends every open request as aborted, so streaming handlers return and
   // the HTTP workers can be joined.
   engine.stop();
-  http.stop();
-  if (listener.joinable()) listener.join();
+  stop_http.now();
 }
 
 }  // namespace
@@ -165,11 +147,27 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--sparse-budget", args->sparse_budget,
                   "default selection budget: tokens per KV head (>= 1) or a fraction of the context (< 1); "
                   "0 = the algorithm's default");
-  cmd->add_option("--block-size", args->kv.page_size, "paged KV store: tokens per page (8..64)")->capture_default_str();
-  cmd->add_option("--kv-device-pages", args->kv.device_pages,
-                  "paged KV store: device-tier pages, each page_size tokens of one layer x KV head (default: from memory)");
-  cmd->add_option("--kv-host-pages", args->kv.host_pages, "paged KV store: host-tier pages (default: from memory)");
-  cmd->add_option("--kv-buffer-factor", args->kv.buffer_factor,
+  cmd->add_option("--device", args->backend.device,
+                  "cpu, cuda, or auto (cuda when spin was built with CUDA, a GPU is present and the default "
+                  "attention is dense)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", args->backend.gpu_memory_utilization,
+                  "cuda: share of the GPU's memory for weights, activations and the KV pool (the pool gets the rest)")
+      ->capture_default_str();
+  // vLLM's "-tp" is no valid CLI11 2.1 name (one-letter short names only; "-tp" reads as -t p).
+  cmd->add_option("--tensor-parallel-size,--tp", args->backend.tensor_parallel_size,
+                  "split every layer over N ranks (cuda: GPUs 0..N-1 joined by NCCL; cpu: N thread groups); N must "
+                  "divide the model's KV heads")
+      ->capture_default_str();
+  cmd->add_flag("--cuda-graphs,!--no-cuda-graphs", args->backend.cuda_graphs,
+                "cuda: replay decode steps as CUDA graphs (default on)");
+  cmd->add_option("--block-size", args->backend.kv.page_size, "paged KV store: tokens per page (8..64)")->capture_default_str();
+  cmd->add_option("--kv-device-pages", args->backend.kv.device_pages,
+                  "paged KV store: device-tier pages, each page_size tokens of one layer x KV head (default: from memory; "
+                  "cuda: from --gpu-memory-utilization)");
+  cmd->add_option("--kv-host-pages", args->backend.kv.host_pages, "paged KV store: host-tier pages (default: from memory)");
+  cmd->add_option("--kv-buffer-factor", args->backend.kv.buffer_factor,
                   "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
       ->capture_default_str();
   cmd->callback([args] { run_serve(*args); });

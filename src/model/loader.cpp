@@ -93,7 +93,7 @@ LoadedModel load_hf_directory(const fs::path& dir) {
   return m;
 }
 
-LoadedModel load_dummy(const std::string& model, uint64_t seed) {
+LoadedModel load_dummy(const std::string& model, uint64_t seed, bool weights_on_host) {
   LoadedModel m;
   ModelConfig config;
   const fs::path path(model);
@@ -118,7 +118,12 @@ LoadedModel load_dummy(const std::string& model, uint64_t seed) {
   } else {
     model_not_found(model, true);
   }
-  m.weights = make_dummy_weights(config, seed);
+  if (weights_on_host) {
+    m.weights = make_dummy_weights(config, seed);
+  } else {
+    config.validate();
+    m.weights.config = config;
+  }
   return m;
 }
 
@@ -128,7 +133,7 @@ LoadedModel load_model(const LoadOptions& options) {
   const std::string& model = options.model;
   const std::string& format = options.load_format;
   SPIN_CHECK(!model.empty(), "no model given (--model)");
-  if (format == "dummy") return load_dummy(model, options.seed);
+  if (format == "dummy") return load_dummy(model, options.seed, options.dummy_weights_on_host);
   SPIN_CHECK(format == "auto" || format == "gguf" || format == "safetensors",
              "unknown load format '{}' (expected auto, gguf, safetensors or dummy)", format);
 

@@ -16,6 +16,9 @@ struct LoadOptions {
   std::string model;                 // .gguf file, HF directory, config.json, or preset name
   std::string load_format = "auto";  // auto | gguf | safetensors | dummy
   uint64_t seed = 0;                 // dummy weights
+  // false: a dummy load returns the config (and tokenizer) with no weights; a GPU backend makes
+  // them on the device instead of in host memory.
+  bool dummy_weights_on_host = true;
 };
 
 struct LoadedModel {

@@ -1,0 +1,72 @@
+#pragma once
+// Dense paged attention on the GPU: the KV store the CUDA model attends through and the
+// AttentionFactory the Engine gets per-request KV from (admitting and preempting by its pages).
+//
+// The pool is one device allocation of bf16 pages; a page holds page_size tokens of K and V for
+// ONE (layer, KV head), as on the CPU (kv/layout.h). Dense attention needs the same positions in
+// every (layer, KV head) at once, so pages are handed out in groups, one page per (layer, KV head)
+// for the same page_size positions, through kv::IdPool (the pool code of the CPU store). Group g's
+// page of (layer l, KV head h) is physical page l * groups * kv_heads + g * kv_heads + h: seen from
+// layer l's slice of the pool it has id g * kv_heads + h, so one page list per (sequence, KV head)
+// serves every layer and a step uploads lists for one layer's worth of pages, not n_layers of them.
+//
+// Per step (DeviceAttention::begin_step) the store allocates the new tokens' groups, builds the
+// slot maps and page lists once on the host, uploads them in one asynchronous copy, and per layer
+// launches store_kv_pages_bf16, then paged_decode_attention for single-token chunks and
+// paged_prefill_attention for longer ones (kernels/cuda). Only the "dense" algorithm runs here.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/attention_factory.h"
+
+namespace spin {
+
+struct CudaPagedKvConfig {
+  int device = 0;
+  int64_t page_size = 16;    // tokens per page: a multiple of 8 in [8, 64]
+  // Pages (one layer x KV head each) in the pool; 0: as many as --gpu-memory-utilization leaves.
+  int64_t device_pages = 0;
+  // Share of the GPU's memory the whole process may take (vLLM's meaning): the pool gets what
+  // is left of it after what is allocated already (weights, activations), less a margin.
+  double gpu_memory_utilization = 0.9;
+  int64_t max_batch = 1;     // requests decoding together (sizes the step tables up front)
+  int64_t max_context = 0;   // tokens per request
+};
+
+class CudaKvStore;
+
+class CudaPagedAttentionFactory final : public AttentionFactory {
+ public:
+  CudaPagedAttentionFactory(const AttentionShape& shape, const CudaPagedKvConfig& config);
+  ~CudaPagedAttentionFactory() override;
+
+  std::vector<std::string> algorithms() const override { return {"dense"}; }
+  void validate(const AttentionSettings& settings) const override;
+  std::unique_ptr<SequenceKv> create(const AttentionSettings& settings, int64_t max_tokens) override;
+  // Device pages: one per (layer, KV head) per page_size tokens; no host tier.
+  KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens, bool decoding,
+                  int64_t block_tokens) const override;
+  KvDemand capacity() const override;
+  std::optional<KvStoreUsage> usage() const override;
+
+  // Benchmarks: makes `kv` hold `tokens` more tokens without computing them (their K/V are
+  // whatever the pages hold). Decode time depends on how many keys there are, not on their values,
+  // so long contexts can be timed without prefilling them. Throws kv::PoolExhausted when short.
+  void append_uncomputed(SequenceKv& kv, int64_t tokens);
+  int64_t pool_bytes() const;
+  int64_t page_size() const;
+
+ private:
+  AttentionShape shape_;
+  std::shared_ptr<CudaKvStore> store_;  // shared with every sequence handle (they free into it)
+};
+
+// Tensor parallelism: rank r's store on GPU r (config.device is ignored) for one rank's share of
+// the heads, every rank with the same number of pages: config.device_pages each, or (0) the
+// smallest pool that --gpu-memory-utilization leaves on any of the GPUs, so whatever fits one
+// rank's store fits them all. Call after the ranks' models are on their GPUs.
+std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories(const AttentionShape& rank_shape,
+                                                                                 CudaPagedKvConfig config, int world);
+
+}  // namespace spin

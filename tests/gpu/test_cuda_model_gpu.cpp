@@ -1,0 +1,531 @@
+// The bf16 GPU forward pass (CudaModel on CudaPagedAttentionFactory's device KV store) against the
+// fp32 CPU Transformer on contiguous KV, the independent reference: same weights (rounded to bf16
+// on both sides, so only the GPU's bf16 activations differ), same chunks.
+//
+// Tolerance: relative error of each step's logits ||gpu - cpu|| / ||cpu|| <= 2e-2. bf16 keeps 8
+// mantissa bits (relative rounding 2^-9 = 2e-3 per value); activations are rounded after every
+// product, norm and attention of 2 layers, and the errors add up roughly as a random walk.
+//
+// Also: device-made dummy weights equal host dummy weights; greedy decoding agrees with the CPU for
+// 32 steps; CUDA graphs on and off give bit-identical logits; the Engine on the GPU gives every
+// request the tokens it gets alone; foreign KV handles and impossible requests are spin::Errors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "gpu_test.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/half.h"
+#include "engine/cuda/cuda_paged_attention.h"
+#include "engine/engine.h"
+#include "kv/page_pool.h"
+#include "model/contiguous_attention.h"
+#include "model/cuda/cuda_model.h"
+#include "model/loader.h"
+#include "model/transformer.h"
+
+namespace spin {
+namespace {
+
+// Qwen3-like: q/k norms, tied embeddings, n_heads * head_dim (512) != hidden (256), GQA group 4,
+// head_dim 64. Llama-like: Llama-3 RoPE scaling with adjacent-pair rotation (GGUF layout), an
+// untied LM head, head_dim 128, group 2.
+ModelConfig small_config(bool qwen3) {
+  ModelConfig c;
+  c.vocab_size = 384;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.n_layers = 2;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  if (qwen3) {
+    c.arch = "qwen3";
+    c.qk_norm = true;
+    c.n_heads = 8;
+    c.n_kv_heads = 2;
+    c.head_dim = 64;
+    c.max_position = 4096;
+    c.rms_eps = 1e-6f;
+    c.tie_embeddings = true;
+    c.rope.theta = 1000000.0f;
+    c.rope.neox = true;
+  } else {
+    c.arch = "llama";
+    c.n_heads = 4;
+    c.n_kv_heads = 2;
+    c.head_dim = 128;
+    c.max_position = 8192;
+    c.rms_eps = 1e-5f;
+    c.tie_embeddings = false;
+    c.rope.theta = 500000.0f;
+    c.rope.neox = false;
+    c.rope.scaling = RopeScaling::Llama3;
+    c.rope.factor = 8.0f;
+    c.rope.original_max_position = 1024;
+  }
+  return c;
+}
+
+void round_to_bf16(std::vector<float>& v) {
+  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+}
+
+// Rounds every tensor to bf16 in place: the values the GPU model holds.
+ModelWeights rounded_to_bf16(ModelWeights w) {
+  round_to_bf16(w.tok_embd.data);
+  round_to_bf16(w.out_norm);
+  round_to_bf16(w.lm_head.data);
+  for (LayerWeights& l : w.layers) {
+    for (std::vector<float>* v : {&l.attn_norm, &l.q_norm, &l.k_norm, &l.ffn_norm, &l.wq.data, &l.wk.data, &l.wv.data,
+                                  &l.wo.data, &l.w_gate.data, &l.w_up.data, &l.w_down.data}) {
+      round_to_bf16(*v);
+    }
+  }
+  return w;
+}
+
+ModelWeights bf16_weights(const ModelConfig& c, uint64_t seed) { return rounded_to_bf16(make_dummy_weights(c, seed)); }
+
+// A model whose greedy choices have wide margins, so bf16 noise cannot flip them. Dummy layers add
+// outputs of rms ~1 to embeddings of rms 1/16, which leaves the next token to near-ties among
+// random logits; here the embeddings are 8x larger, so the current token's embedding stays the
+// largest part of the residual stream, and the LM head row of token j gets 0.25x the embedding of
+// token (7j + 3) mod vocab added. The greedy token is then the preimage of the current one, with a
+// top-2 margin >= 0.6x the logits' rms (measured on the CPU reference for the seeds used here),
+// while the other logits still depend on the whole context (another context changes them by about
+// their rms), which the logit and log-probability comparisons check. The tests also check every
+// margin against the measured GPU error instead of trusting these numbers.
+ModelWeights wide_margin_weights(const ModelConfig& c, uint64_t seed) {
+  ModelConfig untied = c;
+  untied.tie_embeddings = false;
+  ModelWeights w = make_dummy_weights(untied, seed);
+  for (float& x : w.tok_embd.data) x *= 8.0f;
+  const int64_t hidden = c.hidden_size;
+  for (int64_t j = 0; j < c.vocab_size; ++j) {
+    const int64_t src = (j * 7 + 3) % c.vocab_size;
+    for (int64_t i = 0; i < hidden; ++i) w.lm_head.data[j * hidden + i] += 0.25f * w.tok_embd.data[src * hidden + i];
+  }
+  return rounded_to_bf16(std::move(w));
+}
+
+std::unique_ptr<CudaPagedAttentionFactory> make_factory(const ForwardModel& model, int64_t page_size,
+                                                        int64_t device_pages, int64_t max_batch = 8,
+                                                        int64_t max_context = 1024) {
+  CudaPagedKvConfig c;
+  c.page_size = page_size;
+  c.device_pages = device_pages;
+  c.max_batch = max_batch;
+  c.max_context = max_context;
+  return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), c);
+}
+
+// Pages (one layer x KV head each) for `tokens` tokens of every sequence together.
+int64_t pages_for(const ModelConfig& c, int64_t page_size, int64_t tokens) {
+  return c.n_layers * c.n_kv_heads * ((tokens + page_size - 1) / page_size);
+}
+
+struct Comparison {
+  double relative = 0.0;   // ||gpu - cpu|| / ||cpu||
+  double max_abs = 0.0;
+  size_t worst = 0;        // index of the largest difference
+  bool finite = true;
+};
+
+Comparison compare(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  Comparison r;
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
+    if (!std::isfinite(gpu[i])) r.finite = false;
+    const double d = static_cast<double>(gpu[i]) - cpu[i];
+    diff += d * d;
+    norm += static_cast<double>(cpu[i]) * cpu[i];
+    if (std::abs(d) > r.max_abs) {
+      r.max_abs = std::abs(d);
+      r.worst = i;
+    }
+  }
+  r.relative = std::sqrt(diff / std::max(norm, 1e-30));
+  return r;
+}
+
+// One sequence run on both sides: CPU KV and GPU KV, and its tokens.
+struct Sequence {
+  std::unique_ptr<SequenceKv> cpu;
+  std::unique_ptr<SequenceKv> gpu;
+  std::vector<int32_t> tokens;
+};
+
+// A chunk of a step: sequence index and its token range [begin, end).
+struct Part {
+  size_t seq;
+  int64_t begin;
+  int64_t end;
+};
+
+class CudaModelTest : public GpuTest {
+ protected:
+  // Runs `parts` as one step on both models; returns the comparison, failing on a size mismatch.
+  Comparison step(Transformer& cpu, CudaModel& gpu, std::vector<Sequence>& seqs, const std::vector<Part>& parts,
+                  bool all_logits, std::vector<float>* gpu_logits_out = nullptr,
+                  std::vector<float>* cpu_logits_out = nullptr) {
+    std::vector<SequenceChunk> cpu_chunks, gpu_chunks;
+    for (const Part& p : parts) {
+      Sequence& s = seqs[p.seq];
+      const auto tokens = std::span<const int32_t>(s.tokens).subspan(p.begin, p.end - p.begin);
+      cpu_chunks.push_back(SequenceChunk{tokens, p.begin, s.cpu.get()});
+      gpu_chunks.push_back(SequenceChunk{tokens, p.begin, s.gpu.get()});
+    }
+    std::vector<float> cpu_logits, gpu_logits;
+    cpu.forward(cpu_chunks, all_logits, cpu_logits);
+    gpu.forward(gpu_chunks, all_logits, gpu_logits);
+    EXPECT_EQ(gpu_logits.size(), cpu_logits.size());
+    const Comparison c = compare(gpu_logits, cpu_logits);
+    if (gpu_logits_out) *gpu_logits_out = std::move(gpu_logits);
+    if (cpu_logits_out) *cpu_logits_out = std::move(cpu_logits);
+    return c;
+  }
+
+  std::mt19937 rng{1234};
+};
+
+std::string describe(const Comparison& c, int64_t vocab) {
+  return "relative error " + std::to_string(c.relative) + ", max abs error " + std::to_string(c.max_abs) +
+         " at row " + std::to_string(c.worst / vocab) + " token " + std::to_string(c.worst % vocab) +
+         (c.finite ? "" : ", NON-FINITE values in the GPU logits");
+}
+
+// Several sequences' prefill chunks (one prompt chunked across two forwards), single-token prompts
+// and decode steps, mixed in one batch and alone, with all logits and last-token logits.
+TEST_F(CudaModelTest, LogitsMatchTheCpuTransformerOnMixedBatches) {
+  for (const bool qwen3 : {true, false}) {
+    for (const int64_t page_size : {16, 8, 32}) {
+      SCOPED_TRACE(std::string(qwen3 ? "qwen3-like" : "llama-like") + ", page size " + std::to_string(page_size));
+      const ModelConfig c = small_config(qwen3);
+      const ModelWeights w = bf16_weights(c, 11);
+      Transformer cpu(w);
+      CudaModel gpu(w, CudaModelOptions{});
+      auto factory = make_factory(gpu, page_size, pages_for(c, page_size, 4 * 200));
+      std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+      std::vector<Sequence> seqs;
+      for (const int64_t n : {90, 23, 1, 41}) {  // prompt lengths; room for the decode tokens below
+        Sequence s;
+        s.cpu = std::make_unique<ContiguousAttention>(cpu.attention_shape(), 200);
+        s.gpu = factory->create(AttentionSettings{}, 200);
+        s.tokens.resize(static_cast<size_t>(n + 12));
+        for (int32_t& t : s.tokens) t = token(rng);
+        seqs.push_back(std::move(s));
+      }
+      // Sequence 0: prompt of 90 in chunks 0-40, 40-90. Sequence 1: 23. Sequence 2: 1 token.
+      // Sequence 3 arrives at step 4 while the others decode.
+      const std::vector<std::pair<std::vector<Part>, bool>> steps = {
+          {{{0, 0, 40}, {2, 0, 1}, {1, 0, 23}}, true},   // prefill chunks with a 1-token prompt between them
+          {{{0, 40, 90}, {1, 23, 24}, {2, 1, 2}}, true},  // the rest of a chunked prefill beside decodes
+          {{{1, 24, 25}, {0, 90, 91}, {2, 2, 3}}, false}, // decode only (3 rows, padded to 4)
+          {{{3, 0, 41}, {0, 91, 92}, {1, 25, 26}}, false},
+          {{{0, 92, 93}, {1, 26, 27}, {2, 3, 4}, {3, 41, 42}}, false},
+          {{{0, 93, 94}, {1, 27, 28}, {2, 4, 5}, {3, 42, 43}}, true},
+          {{{0, 94, 95}, {1, 28, 29}, {2, 5, 6}, {3, 43, 44}}, false},
+          {{{0, 95, 96}, {1, 29, 30}, {2, 6, 7}, {3, 44, 45}}, false},
+          {{{3, 45, 46}}, false},  // a batch of one after batches of four
+      };
+      for (size_t i = 0; i < steps.size(); ++i) {
+        const Comparison r = step(cpu, gpu, seqs, steps[i].first, steps[i].second);
+        EXPECT_TRUE(r.finite && r.relative <= 2e-2) << "step " << i << ": " << describe(r, c.vocab_size);
+      }
+      EXPECT_EQ(seqs[0].gpu->length(), 96);
+      EXPECT_EQ(seqs[3].gpu->length(), 46);
+      // Decode steps of 4 rows came 4 times: warm-up, capture, then replays.
+      EXPECT_GT(gpu.stats().graph_replays, 0) << "no decode step replayed a CUDA graph";
+    }
+  }
+}
+
+// Dummy weights filled on the device equal the host's dummy weights rounded to bf16 (every tensor
+// enters the logits, so equal logits on a few batches mean equal weights).
+TEST_F(CudaModelTest, DeviceDummyWeightsEqualHostDummyWeights) {
+  for (const bool qwen3 : {true, false}) {
+    SCOPED_TRACE(qwen3 ? "qwen3-like (tied)" : "llama-like (untied)");
+    const ModelConfig c = small_config(qwen3);
+    CudaModelOptions eager;
+    eager.cuda_graphs = false;
+    CudaModel from_host(make_dummy_weights(c, 99), eager);
+    CudaModel on_device(c, 99, eager);
+    EXPECT_EQ(from_host.weight_bytes(), on_device.weight_bytes());
+    auto fa = make_factory(from_host, 16, pages_for(c, 16, 256));
+    auto fb = make_factory(on_device, 16, pages_for(c, 16, 256));
+    auto ka = fa->create(AttentionSettings{}, 100);
+    auto kb = fb->create(AttentionSettings{}, 100);
+    std::vector<int32_t> tokens(50);
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+    for (int32_t& t : tokens) t = token(rng);
+    std::vector<float> la, lb;
+    for (const auto& [begin, end] : std::vector<std::pair<int64_t, int64_t>>{{0, 48}, {48, 49}, {49, 50}}) {
+      const auto span = std::span<const int32_t>(tokens).subspan(begin, end - begin);
+      SequenceChunk a{span, begin, ka.get()}, b{span, begin, kb.get()};
+      from_host.forward(std::span(&a, 1), true, la);
+      on_device.forward(std::span(&b, 1), true, lb);
+      ASSERT_EQ(la.size(), lb.size());
+      const Comparison r = compare(lb, la);
+      EXPECT_EQ(r.max_abs, 0.0) << "tokens " << begin << ".." << end << ": " << describe(r, c.vocab_size);
+      EXPECT_GT(std::abs(la[0]) + std::abs(la[1]), 0.0f) << "the logits are zero: the weights were not filled";
+    }
+  }
+}
+
+// Greedy decoding on the GPU picks the CPU's token at each of 32 steps. The model has wide margins
+// (wide_margin_weights); the test checks that each step's CPU margin between the best and the
+// second-best token is at least 4x the largest GPU logit error of that step, so agreement is
+// implied by the measured accuracy, not by luck.
+TEST_F(CudaModelTest, GreedyDecodeMatchesTheCpuFor32Steps) {
+  const ModelConfig c = small_config(false);
+  const ModelWeights w = wide_margin_weights(c, 5);
+  Transformer cpu(w);
+  CudaModel gpu(w, CudaModelOptions{});
+  auto factory = make_factory(gpu, 16, pages_for(c, 16, 256));
+  std::vector<Sequence> seqs(1);
+  seqs[0].cpu = std::make_unique<ContiguousAttention>(cpu.attention_shape(), 128);
+  seqs[0].gpu = factory->create(AttentionSettings{}, 128);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  for (int i = 0; i < 20; ++i) seqs[0].tokens.push_back(token(rng));
+  std::vector<int32_t> cpu_tokens, gpu_tokens;
+  int64_t begin = 0;
+  for (int s = 0; s <= 32; ++s) {
+    const auto end = static_cast<int64_t>(seqs[0].tokens.size());
+    std::vector<float> g, k;
+    const Comparison r = step(cpu, gpu, seqs, {{0, begin, end}}, false, &g, &k);
+    ASSERT_TRUE(r.finite && r.relative <= 2e-2) << "step " << s << ": " << describe(r, c.vocab_size);
+    std::vector<float> sorted = k;
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    const double margin = sorted[0] - sorted[1];
+    ASSERT_GT(margin, 4.0 * r.max_abs) << "step " << s << ": the test model's top-2 margin " << margin
+                                       << " is within 4x the GPU error " << r.max_abs << " (test construction)";
+    cpu_tokens.push_back(argmax(k));
+    gpu_tokens.push_back(argmax(g));
+    ASSERT_EQ(gpu_tokens.back(), cpu_tokens.back()) << "step " << s << " (margin " << margin << ")";
+    if (s == 32) break;
+    begin = end;
+    seqs[0].tokens.push_back(cpu_tokens.back());
+  }
+  EXPECT_EQ(gpu_tokens, cpu_tokens);
+  std::vector<int32_t> distinct = gpu_tokens;
+  std::sort(distinct.begin(), distinct.end());
+  EXPECT_GT(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 4)
+      << "greedy decoding repeats a few tokens: the test would not notice a position or KV bug";
+}
+
+// Decode steps replayed from CUDA graphs compute exactly what the same steps compute eagerly:
+// batches of 1..5 sequences (padded to 1, 2, 4, 8 rows), contexts crossing the decode kernel's
+// power-of-two buckets (64, 128, 256), each shape seen often enough to be warmed up, captured and
+// replayed.
+TEST_F(CudaModelTest, CudaGraphsOnAndOffGiveIdenticalLogits) {
+  const ModelConfig c = small_config(true);
+  const ModelWeights w = bf16_weights(c, 3);
+  CudaModelOptions with_graphs, without_graphs;
+  without_graphs.cuda_graphs = false;
+  CudaModel a(w, with_graphs), b(w, without_graphs);
+  auto fa = make_factory(a, 16, pages_for(c, 16, 5 * 400));
+  auto fb = make_factory(b, 16, pages_for(c, 16, 5 * 400));
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  struct Seq {
+    std::unique_ptr<SequenceKv> a, b;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Seq> seqs;
+  for (const int64_t prompt : {10, 50, 63, 120, 250}) {
+    Seq s{fa->create(AttentionSettings{}, 400), fb->create(AttentionSettings{}, 400), {}};
+    for (int64_t i = 0; i < prompt + 40; ++i) s.tokens.push_back(token(rng));
+    std::vector<float> la, lb;
+    const auto span = std::span<const int32_t>(s.tokens).first(static_cast<size_t>(prompt));
+    SequenceChunk ca{span, 0, s.a.get()}, cb{span, 0, s.b.get()};
+    a.forward(std::span(&ca, 1), false, la);
+    b.forward(std::span(&cb, 1), false, lb);
+    seqs.push_back(std::move(s));
+  }
+  // Which sequences decode at each step: every batch size 1..5 several times in a row.
+  std::vector<std::vector<size_t>> batches;
+  for (const std::vector<size_t>& batch : std::vector<std::vector<size_t>>{{4}, {0, 1}, {1, 2, 3}, {0, 1, 2, 3, 4}}) {
+    for (int repeat = 0; repeat < 4; ++repeat) batches.push_back(batch);
+  }
+  for (int repeat = 0; repeat < 8; ++repeat) batches.push_back({0, 1, 2, 3, 4});
+  for (size_t step = 0; step < batches.size(); ++step) {
+    std::vector<SequenceChunk> ca, cb;
+    for (size_t i : batches[step]) {
+      Seq& s = seqs[i];
+      const int64_t pos = s.a->length();
+      ASSERT_EQ(pos, s.b->length());
+      const auto span = std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(pos), 1);
+      ca.push_back(SequenceChunk{span, pos, s.a.get()});
+      cb.push_back(SequenceChunk{span, pos, s.b.get()});
+    }
+    std::vector<float> la, lb;
+    a.forward(ca, false, la);
+    b.forward(cb, false, lb);
+    ASSERT_EQ(la.size(), lb.size());
+    const Comparison r = compare(la, lb);
+    EXPECT_TRUE(r.finite && r.max_abs == 0.0) << "step " << step << " (" << batches[step].size()
+                                              << " sequences), graphs on vs off: " << describe(r, c.vocab_size);
+  }
+  EXPECT_GT(a.stats().graphs_captured, 3);
+  EXPECT_GT(a.stats().graph_replays, 8);
+  EXPECT_EQ(b.stats().graphs_captured, 0);
+  EXPECT_EQ(b.stats().graph_replays, 0);
+}
+
+struct EngineRun {
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;  // per token: its log-probability and the 5 most likely
+};
+
+// Runs the requests through one Engine (greedy) and returns each one's tokens by request index.
+std::vector<EngineRun> run_engine(CudaModel& model, int64_t device_pages, const std::vector<std::vector<int32_t>>& prompts,
+                                  const std::vector<int64_t>& max_tokens, int64_t* preempted = nullptr) {
+  EngineConfig config;
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
+  config.max_model_len = 512;
+  Engine engine(model, nullptr, config, make_factory(model, 16, device_pages, 8, 512));
+  std::vector<EngineRun> out(prompts.size());
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams params;
+    params.max_tokens = max_tokens[i];
+    params.sampling.temperature = 0.0f;
+    params.ignore_eos = true;
+    params.top_logprobs = 5;
+    const uint64_t id = engine.add_request(prompts[i], params, [&out, &index](const RequestOutput& o) {
+      EngineRun& run = out[index.at(o.request_id)];
+      run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      run.logprobs.insert(run.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    });
+    index[id] = i;
+  }
+  int64_t preemptions = 0;
+  while (engine.has_work()) preemptions += engine.step().preempted;
+  if (preempted) *preempted = preemptions;
+  return out;
+}
+
+// The largest difference between two runs' log-probabilities: each token's own and its 5 most
+// likely alternatives' (by rank; their values depend on every logit, so on the whole context).
+double max_logprob_difference(const EngineRun& a, const EngineRun& b) {
+  double worst = 0.0;
+  for (size_t t = 0; t < a.logprobs.size() && t < b.logprobs.size(); ++t) {
+    worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].logprob) - b.logprobs[t].logprob));
+    for (size_t k = 0; k < a.logprobs[t].top.size() && k < b.logprobs[t].top.size(); ++k) {
+      worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].top[k].second) - b.logprobs[t].top[k].second));
+    }
+  }
+  return worst;
+}
+
+// The Engine batches requests on the GPU (decodes, chunked prefills, padded decode batches, CUDA
+// graphs) and each request gets the tokens it gets alone, and log-probabilities within 0.15 of
+// its own (bf16 rounding differs between batch shapes and between chunked and whole prefills;
+// another context moves them by about 2); also when the KV pool is so
+// small that the scheduler must preempt and recompute.
+TEST_F(CudaModelTest, EngineGivesEachRequestItsTokensAlone) {
+  const ModelConfig c = small_config(false);
+  const ModelWeights w = wide_margin_weights(c, 8);
+  CudaModel model(w, CudaModelOptions{});
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const int n : {5, 37, 80, 1, 120}) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int32_t& t : p) t = token(rng);
+    prompts.push_back(p);
+  }
+  const std::vector<int64_t> max_tokens{12, 20, 8, 16, 10};
+  const int64_t roomy = pages_for(c, 16, 8 * 512);
+  std::vector<EngineRun> alone;
+  for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(run_engine(model, roomy, {prompts[i]}, {max_tokens[i]})[0]);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(alone[i].tokens.size()), max_tokens[i]) << "request " << i << " alone";
+    ASSERT_EQ(alone[i].logprobs.size(), alone[i].tokens.size()) << "request " << i << " alone";
+  }
+  const auto together = run_engine(model, roomy, prompts, max_tokens);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i << " in a batch";
+    EXPECT_LE(max_logprob_difference(together[i], alone[i]), 0.15) << "request " << i << " in a batch";
+  }
+
+  // Room for the longest request (130 tokens) and little more: the engine preempts and recomputes.
+  int64_t preempted = 0;
+  const auto squeezed = run_engine(model, pages_for(c, 16, 160), prompts, max_tokens, &preempted);
+  EXPECT_GT(preempted, 0) << "the small pool did not force a preemption";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(squeezed[i].tokens, alone[i].tokens) << "request " << i << " with preemption";
+    EXPECT_LE(max_logprob_difference(squeezed[i], alone[i]), 0.15) << "request " << i << " with preemption";
+  }
+}
+
+// Handles from the wrong factory, mixed stores, unsupported algorithms, gaps and a full pool are
+// errors that leave the store consistent, never crashes.
+TEST_F(CudaModelTest, ForeignKvAndImpossibleStepsAreErrors) {
+  const ModelConfig c = small_config(true);
+  const ModelWeights w = bf16_weights(c, 2);
+  CudaModel gpu(w, CudaModelOptions{});
+  Transformer cpu(w);
+  auto factory = make_factory(gpu, 16, pages_for(c, 16, 32));  // two pages per (layer, KV head)
+  auto other = make_factory(gpu, 16, pages_for(c, 16, 32));
+  std::vector<int32_t> tokens(40, 5);
+  std::vector<float> logits;
+
+  ContiguousAttention host_kv(cpu.attention_shape(), 64);
+  SequenceChunk host_chunk{std::span<const int32_t>(tokens).first(4), 0, &host_kv};
+  EXPECT_THROW(gpu.forward(std::span(&host_chunk, 1), false, logits), Error);
+
+  auto kv = factory->create(AttentionSettings{}, 64);
+  SequenceChunk device_chunk{std::span<const int32_t>(tokens).first(4), 0, kv.get()};
+  EXPECT_THROW(cpu.forward(std::span(&device_chunk, 1), false, logits), Error);
+
+  auto foreign = other->create(AttentionSettings{}, 64);
+  std::vector<SequenceChunk> mixed{device_chunk, SequenceChunk{std::span<const int32_t>(tokens).first(3), 0, foreign.get()}};
+  EXPECT_THROW(gpu.forward(mixed, false, logits), Error);
+
+  AttentionSettings quest;
+  quest.algorithm = "quest";
+  EXPECT_THROW(factory->validate(quest), Error);
+  EXPECT_THROW(factory->create(quest, 64), Error);
+
+  SequenceChunk gap{std::span<const int32_t>(tokens).first(2), 10, kv.get()};
+  EXPECT_THROW(gpu.forward(std::span(&gap, 1), false, logits), Error);
+  SequenceChunk bad_token{std::span<const int32_t>(tokens).first(2), 0, kv.get()};
+  std::vector<int32_t> out_of_vocab{1, static_cast<int32_t>(c.vocab_size)};
+  bad_token.tokens = out_of_vocab;
+  EXPECT_THROW(gpu.forward(std::span(&bad_token, 1), false, logits), Error);
+
+  // 40 tokens need three pages per (layer, KV head); the pool has two.
+  SequenceChunk too_long{std::span<const int32_t>(tokens), 0, kv.get()};
+  EXPECT_THROW(gpu.forward(std::span(&too_long, 1), false, logits), kv::PoolExhausted);
+  EXPECT_EQ(kv->length(), 0);
+  EXPECT_EQ(factory->usage()->device_pages_used, 0) << "a failed step kept pages";
+
+  // The store still works, and pages come back when a sequence ends.
+  ASSERT_NO_THROW(gpu.forward(std::span(&device_chunk, 1), false, logits));
+  EXPECT_EQ(kv->length(), 4);
+  EXPECT_EQ(factory->usage()->device_pages_used, pages_for(c, 16, 4));
+  kv.reset();
+  EXPECT_EQ(factory->usage()->device_pages_used, 0);
+
+  // Shapes the kernels do not support are refused when the store is made.
+  AttentionShape head_dim_16 = gpu.attention_shape();
+  head_dim_16.head_dim = 16;
+  CudaPagedKvConfig config;
+  config.device_pages = 1024;
+  config.max_context = 64;
+  EXPECT_THROW(std::make_unique<CudaPagedAttentionFactory>(head_dim_16, config), Error);
+  config.page_size = 12;
+  EXPECT_THROW(std::make_unique<CudaPagedAttentionFactory>(gpu.attention_shape(), config), Error);
+}
+
+}  // namespace
+}  // namespace spin
