@@ -1,8 +1,16 @@
 #pragma once
-// Shared by the GPU tests: checked CUDA calls and a fixture that skips where no GPU exists
-// (CI compiles these tests; scripts/gpu-check.sh runs them on the H200).
+// Shared by the GPU tests: checked CUDA calls, a fixture that skips where no GPU exists (CI
+// compiles these tests; scripts/gpu-check.sh runs them on the H200), one that also seeds fresh
+// random inputs, and a poisoned device array.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
 
 #define CUDA_OK(expr)                                                             \
   do {                                                                            \
@@ -18,6 +26,55 @@ class GpuTest : public ::testing::Test {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no GPU";
   }
+};
+
+// Fresh random inputs each run from `rng_`: the seed is printed and recorded, so a failure can be
+// replayed.
+template <typename Rng>
+class SeededGpuTest : public GpuTest {
+ protected:
+  void SetUp() override {
+    GpuTest::SetUp();
+    if (IsSkipped()) return;
+    seed_ = std::random_device{}();
+    std::printf("seed %u\n", seed_);
+    RecordProperty("seed", static_cast<int>(seed_ & 0x7fffffff));
+    rng_.seed(seed_);
+  }
+
+  uint32_t seed_ = 0;
+  Rng rng_;
+};
+
+// Device copy of a host vector, or `n` elements poisoned with 0xFF bytes (NaN in bf16/fp32, -1 in
+// integers) so unwritten outputs fail; freed on scope exit so a failed assertion leaks nothing.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(size_t n) : n_(n) {
+    status_ = cudaMalloc(&ptr_, std::max<size_t>(n, 1) * sizeof(T));
+    if (status_ == cudaSuccess) status_ = cudaMemset(ptr_, 0xff, std::max<size_t>(n, 1) * sizeof(T));
+  }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+    if (status_ == cudaSuccess && n_ > 0)
+      status_ = cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() { cudaFree(ptr_); }
+  T* get() const { return ptr_; }
+  cudaError_t status() const { return status_; }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
+      host.assign(n_, T{});
+    return host;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t n_ = 0;
+  cudaError_t status_ = cudaSuccess;
 };
 
 }  // namespace spin

@@ -12,19 +12,18 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_model_test.h"
 #include "gpu_test.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "base/half.h"
 #include "engine/cuda/cuda_paged_attention.h"
 #include "engine/engine.h"
 #include "kv/page_pool.h"
@@ -36,125 +35,13 @@
 namespace spin {
 namespace {
 
-// Qwen3-like: q/k norms, tied embeddings, n_heads * head_dim (512) != hidden (256), GQA group 4,
-// head_dim 64. Llama-like: Llama-3 RoPE scaling with adjacent-pair rotation (GGUF layout), an
-// untied LM head, head_dim 128, group 2.
-ModelConfig small_config(bool qwen3) {
-  ModelConfig c;
-  c.vocab_size = 384;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.n_layers = 2;
-  c.bos_token_id = 1;
-  c.eos_token_id = 2;
-  if (qwen3) {
-    c.arch = "qwen3";
-    c.qk_norm = true;
-    c.n_heads = 8;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.max_position = 4096;
-    c.rms_eps = 1e-6f;
-    c.tie_embeddings = true;
-    c.rope.theta = 1000000.0f;
-    c.rope.neox = true;
-  } else {
-    c.arch = "llama";
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 128;
-    c.max_position = 8192;
-    c.rms_eps = 1e-5f;
-    c.tie_embeddings = false;
-    c.rope.theta = 500000.0f;
-    c.rope.neox = false;
-    c.rope.scaling = RopeScaling::Llama3;
-    c.rope.factor = 8.0f;
-    c.rope.original_max_position = 1024;
-  }
-  return c;
-}
-
-void round_to_bf16(std::vector<float>& v) {
-  for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-}
-
-// Rounds every tensor to bf16 in place: the values the GPU model holds.
-ModelWeights rounded_to_bf16(ModelWeights w) {
-  round_to_bf16(w.tok_embd.data);
-  round_to_bf16(w.out_norm);
-  round_to_bf16(w.lm_head.data);
-  for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v : {&l.attn_norm, &l.q_norm, &l.k_norm, &l.ffn_norm, &l.wq.data, &l.wk.data, &l.wv.data,
-                                  &l.wo.data, &l.w_gate.data, &l.w_up.data, &l.w_down.data}) {
-      round_to_bf16(*v);
-    }
-  }
-  return w;
-}
-
-ModelWeights bf16_weights(const ModelConfig& c, uint64_t seed) { return rounded_to_bf16(make_dummy_weights(c, seed)); }
-
-// A model whose greedy choices have wide margins, so bf16 noise cannot flip them. Dummy layers add
-// outputs of rms ~1 to embeddings of rms 1/16, which leaves the next token to near-ties among
-// random logits; here the embeddings are 8x larger, so the current token's embedding stays the
-// largest part of the residual stream, and the LM head row of token j gets 0.25x the embedding of
-// token (7j + 3) mod vocab added. The greedy token is then the preimage of the current one, with a
-// top-2 margin >= 0.6x the logits' rms (measured on the CPU reference for the seeds used here),
-// while the other logits still depend on the whole context (another context changes them by about
-// their rms), which the logit and log-probability comparisons check. The tests also check every
-// margin against the measured GPU error instead of trusting these numbers.
-ModelWeights wide_margin_weights(const ModelConfig& c, uint64_t seed) {
-  ModelConfig untied = c;
-  untied.tie_embeddings = false;
-  ModelWeights w = make_dummy_weights(untied, seed);
-  for (float& x : w.tok_embd.data) x *= 8.0f;
-  const int64_t hidden = c.hidden_size;
-  for (int64_t j = 0; j < c.vocab_size; ++j) {
-    const int64_t src = (j * 7 + 3) % c.vocab_size;
-    for (int64_t i = 0; i < hidden; ++i) w.lm_head.data[j * hidden + i] += 0.25f * w.tok_embd.data[src * hidden + i];
-  }
-  return rounded_to_bf16(std::move(w));
-}
+using namespace gpu_test;
 
 std::unique_ptr<CudaPagedAttentionFactory> make_factory(const ForwardModel& model, int64_t page_size,
                                                         int64_t device_pages, int64_t max_batch = 8,
                                                         int64_t max_context = 1024) {
-  CudaPagedKvConfig c;
-  c.page_size = page_size;
-  c.device_pages = device_pages;
-  c.max_batch = max_batch;
-  c.max_context = max_context;
-  return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), c);
-}
-
-// Pages (one layer x KV head each) for `tokens` tokens of every sequence together.
-int64_t pages_for(const ModelConfig& c, int64_t page_size, int64_t tokens) {
-  return c.n_layers * c.n_kv_heads * ((tokens + page_size - 1) / page_size);
-}
-
-struct Comparison {
-  double relative = 0.0;   // ||gpu - cpu|| / ||cpu||
-  double max_abs = 0.0;
-  size_t worst = 0;        // index of the largest difference
-  bool finite = true;
-};
-
-Comparison compare(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  Comparison r;
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < cpu.size() && i < gpu.size(); ++i) {
-    if (!std::isfinite(gpu[i])) r.finite = false;
-    const double d = static_cast<double>(gpu[i]) - cpu[i];
-    diff += d * d;
-    norm += static_cast<double>(cpu[i]) * cpu[i];
-    if (std::abs(d) > r.max_abs) {
-      r.max_abs = std::abs(d);
-      r.worst = i;
-    }
-  }
-  r.relative = std::sqrt(diff / std::max(norm, 1e-30));
-  return r;
+  return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(),
+                                                     paged_kv_config(page_size, device_pages, max_batch, max_context));
 }
 
 // One sequence run on both sides: CPU KV and GPU KV, and its tokens.
@@ -164,26 +51,14 @@ struct Sequence {
   std::vector<int32_t> tokens;
 };
 
-// A chunk of a step: sequence index and its token range [begin, end).
-struct Part {
-  size_t seq;
-  int64_t begin;
-  int64_t end;
-};
-
 class CudaModelTest : public GpuTest {
  protected:
   // Runs `parts` as one step on both models; returns the comparison, failing on a size mismatch.
   Comparison step(Transformer& cpu, CudaModel& gpu, std::vector<Sequence>& seqs, const std::vector<Part>& parts,
                   bool all_logits, std::vector<float>* gpu_logits_out = nullptr,
                   std::vector<float>* cpu_logits_out = nullptr) {
-    std::vector<SequenceChunk> cpu_chunks, gpu_chunks;
-    for (const Part& p : parts) {
-      Sequence& s = seqs[p.seq];
-      const auto tokens = std::span<const int32_t>(s.tokens).subspan(p.begin, p.end - p.begin);
-      cpu_chunks.push_back(SequenceChunk{tokens, p.begin, s.cpu.get()});
-      gpu_chunks.push_back(SequenceChunk{tokens, p.begin, s.gpu.get()});
-    }
+    const std::vector<SequenceChunk> cpu_chunks = step_chunks(seqs, parts, &Sequence::cpu);
+    const std::vector<SequenceChunk> gpu_chunks = step_chunks(seqs, parts, &Sequence::gpu);
     std::vector<float> cpu_logits, gpu_logits;
     cpu.forward(cpu_chunks, all_logits, cpu_logits);
     gpu.forward(gpu_chunks, all_logits, gpu_logits);
@@ -196,12 +71,6 @@ class CudaModelTest : public GpuTest {
 
   std::mt19937 rng{1234};
 };
-
-std::string describe(const Comparison& c, int64_t vocab) {
-  return "relative error " + std::to_string(c.relative) + ", max abs error " + std::to_string(c.max_abs) +
-         " at row " + std::to_string(c.worst / vocab) + " token " + std::to_string(c.worst % vocab) +
-         (c.finite ? "" : ", NON-FINITE values in the GPU logits");
-}
 
 // Several sequences' prefill chunks (one prompt chunked across two forwards), single-token prompts
 // and decode steps, mixed in one batch and alone, with all logits and last-token logits.
@@ -303,9 +172,7 @@ TEST_F(CudaModelTest, GreedyDecodeMatchesTheCpuFor32Steps) {
     std::vector<float> g, k;
     const Comparison r = step(cpu, gpu, seqs, {{0, begin, end}}, false, &g, &k);
     ASSERT_TRUE(r.finite && r.relative <= 2e-2) << "step " << s << ": " << describe(r, c.vocab_size);
-    std::vector<float> sorted = k;
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    const double margin = sorted[0] - sorted[1];
+    const double margin = top2_margin(k);
     ASSERT_GT(margin, 4.0 * r.max_abs) << "step " << s << ": the test model's top-2 margin " << margin
                                        << " is within 4x the GPU error " << r.max_abs << " (test construction)";
     cpu_tokens.push_back(argmax(k));
@@ -316,9 +183,7 @@ TEST_F(CudaModelTest, GreedyDecodeMatchesTheCpuFor32Steps) {
     seqs[0].tokens.push_back(cpu_tokens.back());
   }
   EXPECT_EQ(gpu_tokens, cpu_tokens);
-  std::vector<int32_t> distinct = gpu_tokens;
-  std::sort(distinct.begin(), distinct.end());
-  EXPECT_GT(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 4)
+  EXPECT_GT(count_distinct(gpu_tokens), 4)
       << "greedy decoding repeats a few tokens: the test would not notice a position or KV bug";
 }
 
@@ -380,53 +245,6 @@ TEST_F(CudaModelTest, CudaGraphsOnAndOffGiveIdenticalLogits) {
   EXPECT_EQ(b.stats().graph_replays, 0);
 }
 
-struct EngineRun {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprob> logprobs;  // per token: its log-probability and the 5 most likely
-};
-
-// Runs the requests through one Engine (greedy) and returns each one's tokens by request index.
-std::vector<EngineRun> run_engine(CudaModel& model, int64_t device_pages, const std::vector<std::vector<int32_t>>& prompts,
-                                  const std::vector<int64_t>& max_tokens, int64_t* preempted = nullptr) {
-  EngineConfig config;
-  config.max_num_seqs = 8;
-  config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
-  config.max_model_len = 512;
-  Engine engine(model, nullptr, config, make_factory(model, 16, device_pages, 8, 512));
-  std::vector<EngineRun> out(prompts.size());
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams params;
-    params.max_tokens = max_tokens[i];
-    params.sampling.temperature = 0.0f;
-    params.ignore_eos = true;
-    params.top_logprobs = 5;
-    const uint64_t id = engine.add_request(prompts[i], params, [&out, &index](const RequestOutput& o) {
-      EngineRun& run = out[index.at(o.request_id)];
-      run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      run.logprobs.insert(run.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    });
-    index[id] = i;
-  }
-  int64_t preemptions = 0;
-  while (engine.has_work()) preemptions += engine.step().preempted;
-  if (preempted) *preempted = preemptions;
-  return out;
-}
-
-// The largest difference between two runs' log-probabilities: each token's own and its 5 most
-// likely alternatives' (by rank; their values depend on every logit, so on the whole context).
-double max_logprob_difference(const EngineRun& a, const EngineRun& b) {
-  double worst = 0.0;
-  for (size_t t = 0; t < a.logprobs.size() && t < b.logprobs.size(); ++t) {
-    worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].logprob) - b.logprobs[t].logprob));
-    for (size_t k = 0; k < a.logprobs[t].top.size() && k < b.logprobs[t].top.size(); ++k) {
-      worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].top[k].second) - b.logprobs[t].top[k].second));
-    }
-  }
-  return worst;
-}
-
 // The Engine batches requests on the GPU (decodes, chunked prefills, padded decode batches, CUDA
 // graphs) and each request gets the tokens it gets alone, and log-probabilities within 0.15 of
 // its own (bf16 rounding differs between batch shapes and between chunked and whole prefills;
@@ -436,22 +254,18 @@ TEST_F(CudaModelTest, EngineGivesEachRequestItsTokensAlone) {
   const ModelConfig c = small_config(false);
   const ModelWeights w = wide_margin_weights(c, 8);
   CudaModel model(w, CudaModelOptions{});
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> prompts;
-  for (const int n : {5, 37, 80, 1, 120}) {
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = token(rng);
-    prompts.push_back(p);
-  }
+  const std::vector<std::vector<int32_t>> prompts = random_prompts(rng, c.vocab_size, {5, 37, 80, 1, 120});
   const std::vector<int64_t> max_tokens{12, 20, 8, 16, 10};
+  // The Engine's KV store: `pages` pages of 16 tokens, 8 sequences of up to 512 tokens.
+  const auto engine_kv = [&](int64_t pages) { return make_factory(model, 16, pages, 8, 512); };
   const int64_t roomy = pages_for(c, 16, 8 * 512);
   std::vector<EngineRun> alone;
-  for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(run_engine(model, roomy, {prompts[i]}, {max_tokens[i]})[0]);
+  for (size_t i = 0; i < prompts.size(); ++i) alone.push_back(run_engine(model, engine_kv(roomy), {prompts[i]}, {max_tokens[i]})[0]);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(static_cast<int64_t>(alone[i].tokens.size()), max_tokens[i]) << "request " << i << " alone";
     ASSERT_EQ(alone[i].logprobs.size(), alone[i].tokens.size()) << "request " << i << " alone";
   }
-  const auto together = run_engine(model, roomy, prompts, max_tokens);
+  const auto together = run_engine(model, engine_kv(roomy), prompts, max_tokens);
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i << " in a batch";
     EXPECT_LE(max_logprob_difference(together[i], alone[i]), 0.15) << "request " << i << " in a batch";
@@ -459,7 +273,7 @@ TEST_F(CudaModelTest, EngineGivesEachRequestItsTokensAlone) {
 
   // Room for the longest request (130 tokens) and little more: the engine preempts and recomputes.
   int64_t preempted = 0;
-  const auto squeezed = run_engine(model, pages_for(c, 16, 160), prompts, max_tokens, &preempted);
+  const auto squeezed = run_engine(model, engine_kv(pages_for(c, 16, 160)), prompts, max_tokens, &preempted);
   EXPECT_GT(preempted, 0) << "the small pool did not force a preemption";
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(squeezed[i].tokens, alone[i].tokens) << "request " << i << " with preemption";

@@ -26,36 +26,6 @@
 namespace spin {
 namespace {
 
-// Device copy of a host vector; freed on scope exit so a failed assertion leaks nothing.
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-    status_ = cudaMalloc(&ptr_, std::max<size_t>(n, 1) * sizeof(T));
-    if (status_ == cudaSuccess) status_ = cudaMemset(ptr_, 0xff, std::max<size_t>(n, 1) * sizeof(T));
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-    if (status_ == cudaSuccess && n_ > 0)
-      status_ = cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr_); }
-  T* get() const { return ptr_; }
-  cudaError_t status() const { return status_; }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
-      host.assign(n_, T{});
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-  cudaError_t status_ = cudaSuccess;
-};
-
 __nv_bfloat16* bf16_ptr(const DeviceArray<uint16_t>& a) {
   return reinterpret_cast<__nv_bfloat16*>(a.get());
 }
@@ -81,26 +51,14 @@ double bf16_error(const std::vector<float>& got, const std::vector<float>& ref) 
 
 constexpr double kBf16Tol = 1e-2;
 
-class GpuModelOps : public GpuTest {
+class GpuModelOps : public SeededGpuTest<std::mt19937> {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-    seed_ = std::random_device{}();
-    std::printf("seed %u\n", seed_);
-    RecordProperty("seed", static_cast<int>(seed_ & 0x7fffffff));
-    rng_.seed(seed_);
-  }
-
   std::vector<uint16_t> random_bf16(size_t n, float stddev) {
     std::normal_distribution<float> dist(0.0f, stddev);
     std::vector<uint16_t> v(n);
     for (uint16_t& x : v) x = f32_to_bf16(dist(rng_));
     return v;
   }
-
-  uint32_t seed_ = 0;
-  std::mt19937 rng_;
 };
 
 // ---- embedding and row gather: exact copies ---------------------------------------------------

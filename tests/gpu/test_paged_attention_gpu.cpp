@@ -8,12 +8,12 @@
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
+#include "paged_kv_test.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
-#include <numeric>
 #include <random>
 #include <vector>
 
@@ -23,7 +23,7 @@
 namespace spin {
 namespace {
 
-constexpr uint16_t kBf16Nan = 0x7fc1;
+using namespace gpu_test;
 
 struct Shape {
   int num_seqs;
@@ -34,17 +34,6 @@ struct Shape {
   std::vector<int> tokens;  // per item (seq-major, then KV head)
   int tokens_per_split;     // 0: automatic
   float q_scale;            // larger values make the softmax peakier
-};
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t count) {
-    if (cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
 class GpuPagedAttention : public GpuTest {
@@ -60,7 +49,7 @@ class GpuPagedAttention : public GpuTest {
     std::normal_distribution<float> normal(0.0f, 1.0f);
 
     // Page lists: random distinct physical pages out of a pool with spare pages.
-    std::vector<int32_t> offsets(items + 1, 0), ids;
+    std::vector<int32_t> offsets(items + 1, 0);
     int max_tokens = 0;
     for (int i = 0; i < items; ++i) {
       offsets[i + 1] = offsets[i] + (s.tokens[i] + ps - 1) / ps;
@@ -68,17 +57,14 @@ class GpuPagedAttention : public GpuTest {
     }
     const int used_pages = offsets[items];
     const int pool_pages = used_pages + 5;
-    std::vector<int32_t> perm(pool_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    ids.assign(perm.begin(), perm.begin() + used_pages);
+    const std::vector<int32_t> ids = random_page_ids(used_pages, pool_pages, rng);
 
     // Pool: random bf16 everywhere, NaN in slots no list covers (tails of partial pages, spares).
     const size_t page_elems = static_cast<size_t>(2) * ps * d;
     std::vector<uint16_t> pool(page_elems * pool_pages, kBf16Nan);
     for (int i = 0; i < items; ++i) {
       for (int t = 0; t < s.tokens[i]; ++t) {
-        const size_t base = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(t % ps) * d;
+        const size_t base = key_offset(ids, offsets[i], t, ps, d);
         for (int j = 0; j < d; ++j) {
           pool[base + j] = f32_to_bf16(normal(rng));
           pool[base + static_cast<size_t>(ps) * d + j] = f32_to_bf16(normal(rng));
@@ -99,7 +85,7 @@ class GpuPagedAttention : public GpuTest {
         std::vector<double> score(n);
         double mx = -INFINITY;
         for (int t = 0; t < n; ++t) {
-          const size_t base = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(t % ps) * d;
+          const size_t base = key_offset(ids, offsets[i], t, ps, d);
           double dot = 0.0;
           for (int j = 0; j < d; ++j) dot += static_cast<double>(bf16_to_f32(q[row + j])) * bf16_to_f32(pool[base + j]);
           score[t] = dot * scale;
@@ -108,8 +94,7 @@ class GpuPagedAttention : public GpuTest {
         double sum = 0.0;
         for (int t = 0; t < n; ++t) sum += (score[t] = std::exp(score[t] - mx));
         for (int t = 0; t < n; ++t) {
-          const size_t vbase = ids[offsets[i] + t / ps] * page_elems + static_cast<size_t>(ps) * d +
-                               static_cast<size_t>(t % ps) * d;
+          const size_t vbase = key_offset(ids, offsets[i], t, ps, d) + static_cast<size_t>(ps) * d;
           for (int j = 0; j < d; ++j) ref[row + j] += score[t] / sum * bf16_to_f32(pool[vbase + j]);
         }
       }

@@ -10,13 +10,13 @@
 #include <gtest/gtest.h>
 
 #include "gpu_test.h"
+#include "paged_kv_test.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <numeric>
 #include <random>
 #include <vector>
 
@@ -26,7 +26,7 @@
 namespace spin {
 namespace {
 
-constexpr uint16_t kBf16Nan = 0x7fc1;
+using namespace gpu_test;
 
 struct SeqSpec {
   int new_tokens;
@@ -42,17 +42,6 @@ struct Case {
   int q_row_pad = 0;     // extra elements per q row (q_row_stride = width + pad; 0: stride left 0)
   float q_scale = 1.0f;  // larger values make the softmax peakier
   int check_every = 1;   // reference rows: every n-th token plus the first and last 48
-};
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t count) {
-    if (cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
 class GpuPrefillAttention : public GpuTest {
@@ -91,10 +80,7 @@ class GpuPrefillAttention : public GpuTest {
       }
     const int used_pages = list_offsets.back();
     const int pool_pages = used_pages + 5;
-    std::vector<int32_t> ids(pool_pages);
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), rng_);
-    ids.resize(used_pages);
+    const std::vector<int32_t> ids = random_page_ids(used_pages, pool_pages, rng_);
 
     // K/V: random bf16 at covered positions (kept as floats for the reference), NaN elsewhere.
     const size_t page_elems = static_cast<size_t>(2) * ps * d;
@@ -107,7 +93,7 @@ class GpuPrefillAttention : public GpuTest {
         k_ref[item].resize(static_cast<size_t>(kv_len) * d);
         v_ref[item].resize(static_cast<size_t>(kv_len) * d);
         for (int t = 0; t < kv_len; ++t) {
-          const size_t base = ids[list_offsets[item] + t / ps] * page_elems + static_cast<size_t>(t % ps) * d;
+          const size_t base = key_offset(ids, list_offsets[item], t, ps, d);
           for (int j = 0; j < d; ++j) {
             const uint16_t kb = f32_to_bf16(normal(rng_)), vb = f32_to_bf16(normal(rng_));
             pool[base + j] = kb;

@@ -30,36 +30,6 @@ using cuda::SamplingRow;
 constexpr float kPadding = 1000.0f;  // logits past vocab: would win every draw if read
 constexpr double kMaxTotalVariation = 0.02;
 
-template <typename T>
-class DeviceArray {
- public:
-  explicit DeviceArray(size_t n) : n_(n) {
-    status_ = cudaMalloc(&ptr_, std::max<size_t>(n, 1) * sizeof(T));
-    if (status_ == cudaSuccess) status_ = cudaMemset(ptr_, 0xff, std::max<size_t>(n, 1) * sizeof(T));
-  }
-  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() { cudaFree(ptr_); }
-  void upload(const std::vector<T>& host) {
-    if (status_ == cudaSuccess && !host.empty())
-      status_ = cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  T* get() const { return ptr_; }
-  cudaError_t status() const { return status_; }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (cudaMemcpy(host.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
-      host.assign(n_, T{});
-    return host;
-  }
-
- private:
-  T* ptr_ = nullptr;
-  size_t n_ = 0;
-  cudaError_t status_ = cudaSuccess;
-};
-
 // The filtered distribution from the definitions: tokens ordered by (logit desc, index asc);
 // top-k keeps the first k; p = exp((logit - max) * (1 / temperature)) in fp32 as the CPU Sampler
 // computes it; min-p drops p < min_p; top-p keeps the shortest prefix whose mass reaches
@@ -93,17 +63,8 @@ std::vector<double> filtered_distribution(std::span<const float> logits, const S
   return dist;
 }
 
-class GpuSampling : public GpuTest {
+class GpuSampling : public SeededGpuTest<std::mt19937_64> {
  protected:
-  void SetUp() override {
-    GpuTest::SetUp();
-    if (IsSkipped()) return;
-    seed_ = std::random_device{}();
-    std::printf("seed %u\n", seed_);
-    RecordProperty("seed", static_cast<int>(seed_ & 0x7fffffff));
-    rng_.seed(seed_);
-  }
-
   // Rows of `stride` floats: `vocab` normal logits, then padding.
   std::vector<float> random_rows(int64_t rows, int64_t vocab, int64_t stride, float stddev) {
     std::normal_distribution<float> dist(0.0f, stddev);
@@ -181,9 +142,6 @@ class GpuSampling : public GpuTest {
     for (int g = 0; g < 16; ++g) tv += std::abs(got_group[g] - expect_group[g]);
     EXPECT_LT(tv / 2, kMaxTotalVariation);
   }
-
-  uint32_t seed_ = 0;
-  std::mt19937_64 rng_;
 };
 
 SamplingRow params(float temperature, int top_k, float top_p, float min_p) {

@@ -11,18 +11,17 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include "gpu_model_test.h"
 #include "gpu_test.h"
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
-#include "base/half.h"
 #include "engine/cuda/cuda_paged_attention.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
@@ -38,89 +37,11 @@ namespace {
 
 constexpr int kWorld = 2;
 
-// Qwen3-like (q/k norms, tied embeddings, GQA group 4, head_dim 64) and Llama-like (Llama-3 RoPE,
-// untied LM head, group 2, head_dim 128); both split over 2 ranks (2 KV heads, 1 per rank).
-ModelConfig small_config(bool qwen3) {
-  ModelConfig c;
-  c.vocab_size = 384;
-  c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.n_layers = 2;
-  c.bos_token_id = 1;
-  c.eos_token_id = 2;
-  if (qwen3) {
-    c.arch = "qwen3";
-    c.qk_norm = true;
-    c.n_heads = 8;
-    c.n_kv_heads = 2;
-    c.head_dim = 64;
-    c.max_position = 4096;
-    c.rms_eps = 1e-6f;
-    c.tie_embeddings = true;
-    c.rope.theta = 1000000.0f;
-    c.rope.neox = true;
-  } else {
-    c.arch = "llama";
-    c.n_heads = 4;
-    c.n_kv_heads = 2;
-    c.head_dim = 128;
-    c.max_position = 8192;
-    c.rms_eps = 1e-5f;
-    c.tie_embeddings = false;
-    c.rope.theta = 500000.0f;
-    c.rope.neox = false;
-    c.rope.scaling = RopeScaling::Llama3;
-    c.rope.factor = 8.0f;
-    c.rope.original_max_position = 1024;
-  }
-  return c;
-}
-
-ModelWeights rounded_to_bf16(ModelWeights w) {
-  auto round = [](std::vector<float>& v) {
-    for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
-  };
-  round(w.tok_embd.data);
-  round(w.out_norm);
-  round(w.lm_head.data);
-  for (LayerWeights& l : w.layers) {
-    for (std::vector<float>* v : {&l.attn_norm, &l.q_norm, &l.k_norm, &l.ffn_norm, &l.wq.data, &l.wk.data, &l.wv.data,
-                                  &l.wo.data, &l.w_gate.data, &l.w_up.data, &l.w_down.data}) {
-      round(*v);
-    }
-  }
-  return w;
-}
-
-// Wide greedy margins (the construction of test_cuda_model_gpu.cpp's greedy test): embeddings 8x
-// larger, and LM head row j gets 0.25x the embedding of token (7j + 3) mod vocab, so the greedy
-// token is the preimage of the current one with a margin far above bf16 noise, while the other
-// logits still depend on the whole context.
-ModelWeights wide_margin_weights(const ModelConfig& c, uint64_t seed) {
-  ModelConfig untied = c;
-  untied.tie_embeddings = false;
-  ModelWeights w = make_dummy_weights(untied, seed);
-  for (float& x : w.tok_embd.data) x *= 8.0f;
-  const int64_t hidden = c.hidden_size;
-  for (int64_t j = 0; j < c.vocab_size; ++j) {
-    const int64_t src = (j * 7 + 3) % c.vocab_size;
-    for (int64_t i = 0; i < hidden; ++i) w.lm_head.data[j * hidden + i] += 0.25f * w.tok_embd.data[src * hidden + i];
-  }
-  return rounded_to_bf16(std::move(w));
-}
-
-int64_t pages_for(const AttentionShape& s, int64_t page_size, int64_t tokens) {
-  return s.n_layers * s.n_kv_heads * ((tokens + page_size - 1) / page_size);
-}
+using namespace gpu_test;
 
 CudaPagedKvConfig kv_config(const AttentionShape& shape, int64_t tokens, int64_t max_batch = 8,
                             int64_t max_context = 1024) {
-  CudaPagedKvConfig c;
-  c.page_size = 16;
-  c.device_pages = pages_for(shape, 16, tokens);
-  c.max_batch = max_batch;
-  c.max_context = max_context;
-  return c;
+  return paged_kv_config(16, pages_for(shape, 16, tokens), max_batch, max_context);
 }
 
 std::unique_ptr<AttentionFactory> one_gpu_factory(const CudaModel& model, int64_t tokens, int64_t max_batch = 8,
@@ -145,31 +66,6 @@ CudaTensorParallel split_model(const ModelWeights& w, bool cuda_graphs = true) {
   CudaModelOptions options;
   options.cuda_graphs = cuda_graphs;
   return make_cuda_tensor_parallel_model(&w, w.config, 0, kWorld, options);
-}
-
-struct Comparison {
-  double relative = 0.0;  // ||a - ref|| / ||ref||
-  double max_abs = 0.0;
-  bool finite = true;
-};
-
-Comparison compare(const std::vector<float>& a, const std::vector<float>& ref) {
-  Comparison r;
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < ref.size() && i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) r.finite = false;
-    const double d = static_cast<double>(a[i]) - ref[i];
-    diff += d * d;
-    norm += static_cast<double>(ref[i]) * ref[i];
-    r.max_abs = std::max(r.max_abs, std::abs(d));
-  }
-  r.relative = std::sqrt(diff / std::max(norm, 1e-30));
-  return r;
-}
-
-std::string describe(const Comparison& c) {
-  return "relative error " + std::to_string(c.relative) + ", max abs error " + std::to_string(c.max_abs) +
-         (c.finite ? "" : ", NON-FINITE values");
 }
 
 int visible_gpus() {
@@ -201,29 +97,16 @@ struct Sequence {
   std::vector<int32_t> tokens;
 };
 
-struct Part {
-  size_t seq;
-  int64_t begin, end;
-};
-
 struct StepLogits {
   std::vector<float> cpu, one, split;
 };
 
 StepLogits run_step(Transformer& cpu, CudaModel& one, TensorParallelModel& split, std::vector<Sequence>& seqs,
                     const std::vector<Part>& parts, bool all_logits) {
-  std::vector<SequenceChunk> c, o, s;
-  for (const Part& p : parts) {
-    Sequence& q = seqs[p.seq];
-    const auto tokens = std::span<const int32_t>(q.tokens).subspan(p.begin, p.end - p.begin);
-    c.push_back(SequenceChunk{tokens, p.begin, q.cpu.get()});
-    o.push_back(SequenceChunk{tokens, p.begin, q.one.get()});
-    s.push_back(SequenceChunk{tokens, p.begin, q.split.get()});
-  }
   StepLogits out;
-  cpu.forward(c, all_logits, out.cpu);
-  one.forward(o, all_logits, out.one);
-  split.forward(s, all_logits, out.split);
+  cpu.forward(step_chunks(seqs, parts, &Sequence::cpu), all_logits, out.cpu);
+  one.forward(step_chunks(seqs, parts, &Sequence::one), all_logits, out.one);
+  split.forward(step_chunks(seqs, parts, &Sequence::split), all_logits, out.split);
   return out;
 }
 
@@ -234,7 +117,7 @@ TEST_F(CudaTensorParallelTest, LogitsMatchOneGpuAndTheCpuOverPrefillAndDecode) {
   for (const bool qwen3 : {true, false}) {
     SCOPED_TRACE(qwen3 ? "qwen3-like" : "llama-like");
     const ModelConfig c = small_config(qwen3);
-    const ModelWeights w = rounded_to_bf16(make_dummy_weights(c, 21));
+    const ModelWeights w = bf16_weights(c, 21);
     Transformer cpu(w);
     CudaModel one(w, CudaModelOptions{});
     CudaTensorParallel split = split_model(w);
@@ -300,9 +183,7 @@ TEST_F(CudaTensorParallelTest, GreedyTokensEqualOneGpuFor32Steps) {
     const StepLogits l = run_step(cpu, one, *split.model, seqs, {{0, begin, end}}, false);
     const Comparison r = compare(l.split, l.one);
     ASSERT_TRUE(r.finite && r.relative <= 2e-2) << "step " << s << ": " << describe(r);
-    std::vector<float> sorted = l.one;
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
-    const double margin = sorted[0] - sorted[1];
+    const double margin = top2_margin(l.one);
     ASSERT_GT(margin, 4.0 * r.max_abs) << "step " << s << ": top-2 margin " << margin << " within 4x the difference "
                                        << r.max_abs << " (test construction)";
     one_tokens.push_back(argmax(l.one));
@@ -314,9 +195,7 @@ TEST_F(CudaTensorParallelTest, GreedyTokensEqualOneGpuFor32Steps) {
     seqs[0].tokens.push_back(one_tokens.back());
   }
   EXPECT_EQ(split_tokens, one_tokens);
-  std::vector<int32_t> distinct = split_tokens;
-  std::sort(distinct.begin(), distinct.end());
-  EXPECT_GT(std::unique(distinct.begin(), distinct.end()) - distinct.begin(), 4)
+  EXPECT_GT(count_distinct(split_tokens), 4)
       << "greedy decoding repeats a few tokens: the test would not notice a position or KV bug";
 }
 
@@ -326,7 +205,7 @@ TEST_F(CudaTensorParallelTest, GreedyTokensEqualOneGpuFor32Steps) {
 // order, so the two runs should in fact agree to the bit).
 TEST_F(CudaTensorParallelTest, CudaGraphsOnAndOffAgree) {
   const ModelConfig c = small_config(true);
-  const ModelWeights w = rounded_to_bf16(make_dummy_weights(c, 3));
+  const ModelWeights w = bf16_weights(c, 3);
   CudaTensorParallel graphs = split_model(w, true), eager = split_model(w, false);
   auto fa = split_factory(*graphs.model, 5 * 300);
   auto fb = split_factory(*eager.model, 5 * 300);
@@ -372,49 +251,6 @@ TEST_F(CudaTensorParallelTest, CudaGraphsOnAndOffAgree) {
   for (CudaModel* rank : eager.ranks) EXPECT_EQ(rank->stats().graph_replays, 0);
 }
 
-struct EngineRun {
-  std::vector<int32_t> tokens;
-  std::vector<TokenLogprob> logprobs;
-};
-
-std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<AttentionFactory> factory,
-                                  const std::vector<std::vector<int32_t>>& prompts,
-                                  const std::vector<int64_t>& max_tokens) {
-  EngineConfig config;
-  config.max_num_seqs = 8;
-  config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
-  config.max_model_len = 512;
-  Engine engine(model, nullptr, config, std::move(factory));
-  std::vector<EngineRun> out(prompts.size());
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams params;
-    params.max_tokens = max_tokens[i];
-    params.sampling.temperature = 0.0f;
-    params.ignore_eos = true;
-    params.top_logprobs = 5;
-    const uint64_t id = engine.add_request(prompts[i], params, [&out, &index](const RequestOutput& o) {
-      EngineRun& run = out[index.at(o.request_id)];
-      run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      run.logprobs.insert(run.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    });
-    index[id] = i;
-  }
-  while (engine.has_work()) engine.step();
-  return out;
-}
-
-double max_logprob_difference(const EngineRun& a, const EngineRun& b) {
-  double worst = 0.0;
-  for (size_t t = 0; t < a.logprobs.size() && t < b.logprobs.size(); ++t) {
-    worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].logprob) - b.logprobs[t].logprob));
-    for (size_t k = 0; k < a.logprobs[t].top.size() && k < b.logprobs[t].top.size(); ++k) {
-      worst = std::max(worst, std::abs(static_cast<double>(a.logprobs[t].top[k].second) - b.logprobs[t].top[k].second));
-    }
-  }
-  return worst;
-}
-
 // The Engine runs several requests together on the split model (chunked prefills beside decodes,
 // padded decode batches, graphs) and each gets the tokens one GPU gives it, with log-probabilities
 // within 0.15 (bf16 rounding differs between the two; another context moves them by about 2).
@@ -423,13 +259,7 @@ TEST_F(CudaTensorParallelTest, EngineGivesEachRequestTheOneGpuTokens) {
   const ModelWeights w = wide_margin_weights(c, 8);
   CudaModel one(w, CudaModelOptions{});
   CudaTensorParallel split = split_model(w);
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
-  std::vector<std::vector<int32_t>> prompts;
-  for (const int n : {5, 37, 80, 1, 120}) {
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = token(rng);
-    prompts.push_back(p);
-  }
+  const std::vector<std::vector<int32_t>> prompts = random_prompts(rng, c.vocab_size, {5, 37, 80, 1, 120});
   const std::vector<int64_t> max_tokens{12, 20, 8, 16, 10};
   const auto reference = run_engine(one, one_gpu_factory(one, 8 * 512, 8, 512), prompts, max_tokens);
   const auto got = run_engine(*split.model, split_factory(*split.model, 8 * 512, 8, 512), prompts, max_tokens);
