@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/paged_attention.h"
 
 namespace spin::cpu {
 namespace {
@@ -116,14 +117,14 @@ void expect_causal_matches(int64_t group, int64_t n_kv, int64_t head_dim, int64_
       << " tokens " << n;
 }
 
-TEST(CpuCausalAttention, WholePromptFromPositionZero) {
+TEST(CpuAttention, WholePromptFromPositionZero) {
   expect_causal_matches(1, 2, 64, 0, 300);   // crosses the 256-key tile, tiles of 75 tokens
   expect_causal_matches(3, 3, 64, 0, 257);   // one key past a key tile
   expect_causal_matches(4, 1, 64, 0, 600);   // full tiles of 128 query rows, 3 key tiles
   expect_causal_matches(4, 2, 128, 0, 37);   // chunk shorter than a tile
 }
 
-TEST(CpuCausalAttention, ChunkAfterEarlierPositions) {
+TEST(CpuAttention, ChunkAfterEarlierPositions) {
   // The chunk starts just before, at and after a key-tile edge: some rows see no key of the
   // last key tile, others see part of it.
   expect_causal_matches(4, 2, 128, 250, 70);
@@ -132,13 +133,13 @@ TEST(CpuCausalAttention, ChunkAfterEarlierPositions) {
   expect_causal_matches(3, 2, 64, 700, 129);
 }
 
-TEST(CpuCausalAttention, SinglePositionAsInDecode) {
+TEST(CpuAttention, SinglePositionAsInDecode) {
   expect_causal_matches(3, 3, 64, 0, 1);
   expect_causal_matches(4, 2, 128, 511, 1);
   expect_causal_matches(1, 1, 64, 256, 1);
 }
 
-TEST(CpuCausalAttention, StableUnderLargeScores) {
+TEST(CpuAttention, StableUnderLargeScores) {
   // Scores up to about 50 and rising with the key position: a row's maximum changes across key
   // tiles and most exponentials are far below e^0. (Much larger scores carry fp32 rounding
   // errors of their own above 1e-5 relative, in attend_group as well.)
@@ -146,7 +147,7 @@ TEST(CpuCausalAttention, StableUnderLargeScores) {
   expect_causal_matches(4, 1, 128, 200, 100, 1.7f, 3);
 }
 
-TEST(CpuCausalAttention, AgreesWithAttendGroupPerPosition) {
+TEST(CpuAttention, AgreesWithAttendGroupPerPosition) {
   const CausalCase c(3, 2, 64, 100, 50, 1.0f, 4);
   const std::vector<float> out = c.run_causal();
   const int64_t hd = c.shape.head_dim, group = 3;
@@ -170,7 +171,7 @@ TEST(CpuCausalAttention, AgreesWithAttendGroupPerPosition) {
   EXPECT_LE(worst, 1e-5);
 }
 
-TEST(CpuCausalAttention, AttendGroupMatchesReference) {
+TEST(CpuAttention, AttendGroupMatchesReference) {
   const CausalCase c(4, 1, 128, 300, 1, 2.0f, 5);
   std::vector<float> out(4 * 128), scores(4 * 301);
   attend_group(c.q.data(), 4, c.head_k[0].data(), c.head_v[0].data(), 301, 128, 128, c.shape.scale,
@@ -178,7 +179,39 @@ TEST(CpuCausalAttention, AttendGroupMatchesReference) {
   EXPECT_LE(c.worst_row_error(out), 1e-5);
 }
 
-TEST(CpuCausalAttention, RejectsTooFewKeyRows) {
+// The paged decode kernel promises attend_group's result bit for bit, however the keys are split
+// into pages (sizes that leave the partial sums' lanes unaligned, an empty page).
+TEST(CpuAttention, PagedDecodeEqualsAttendGroupExactly) {
+  const CausalCase c(3, 1, 64, 200, 1, 1.5f, 7);
+  const int64_t n_keys = 201, hd = 64, group = 3;
+  std::vector<float> expected(group * hd), scores(group * n_keys);
+  attend_group(c.q.data(), group, c.head_k[0].data(), c.head_v[0].data(), n_keys, hd, hd,
+               c.shape.scale, expected.data(), scores.data());
+  EXPECT_LE(c.worst_row_error(expected), 1e-5);
+  for (const std::vector<int64_t>& sizes :
+       {std::vector<int64_t>{201}, {16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, 9},
+        {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 1},
+        {5, 0, 7, 64, 3, 100, 22}}) {
+    // Each page in its own buffer, so nothing relies on the rows being adjacent.
+    std::vector<std::vector<float>> page_k, page_v;
+    std::vector<KvPageView> views;
+    int64_t row = 0, largest = 0;
+    for (int64_t n : sizes) {
+      page_k.emplace_back(c.head_k[0].begin() + row * hd, c.head_k[0].begin() + (row + n) * hd);
+      page_v.emplace_back(c.head_v[0].begin() + row * hd, c.head_v[0].begin() + (row + n) * hd);
+      row += n;
+      largest = std::max(largest, n);
+    }
+    ASSERT_EQ(row, n_keys);
+    for (size_t i = 0; i < sizes.size(); ++i)
+      views.push_back({page_k[i].data(), page_v[i].data(), sizes[i]});
+    std::vector<float> got(group * hd), scratch(paged_attention_scratch(group, largest));
+    attend_group_pages(c.q.data(), group, views, hd, c.shape.scale, got.data(), scratch.data());
+    EXPECT_EQ(got, expected) << sizes.size() << " pages";
+  }
+}
+
+TEST(CpuAttention, RejectsTooFewKeyRows) {
   const CausalCase c(2, 2, 64, 10, 5, 1.0f, 6);
   std::vector<KvHeadRows> rows = c.heads();
   rows[1].n_tokens = 14;  // position 14 needs 15 rows

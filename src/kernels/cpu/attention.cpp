@@ -4,137 +4,215 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "base/error.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/paged_attention.h"
 
 namespace spin::cpu {
 
-void attend_group(const float* q, int64_t group, const float* k, const float* v, int64_t n_keys,
-                  int64_t kv_stride, int64_t head_dim, float scale, float* out, float* scores) {
-  for (int64_t t = 0; t < n_keys; ++t) {
-    const float* kt = k + t * kv_stride;
-    for (int64_t h = 0; h < group; ++h) {
-      const float* qh = q + h * head_dim;
-      float dot = 0.0f;
-      for (int64_t d = 0; d < head_dim; ++d) dot += qh[d] * kt[d];
-      scores[h * n_keys + t] = dot * scale;
-    }
-  }
-  for (int64_t h = 0; h < group; ++h) softmax(scores + h * n_keys, n_keys);
-  std::memset(out, 0, sizeof(float) * group * head_dim);
-  for (int64_t t = 0; t < n_keys; ++t) {
-    const float* vt = v + t * kv_stride;
-    for (int64_t h = 0; h < group; ++h) {
-      const float p = scores[h * n_keys + t];
-      float* oh = out + h * head_dim;
-      for (int64_t d = 0; d < head_dim; ++d) oh[d] += p * vt[d];
-    }
-  }
-}
-
-namespace {
-
-constexpr int64_t kQueryRows = 128;  // query rows (tokens x group heads) per tile, at most
-constexpr int64_t kKeyTile = 256;    // keys per score tile (a multiple of kWidth): S, K and V
-                                     // tiles stay in L2
-
-// The softmax of a score tile runs as often as the products and its exponentials are its cost,
-// so it is written with 16-float vectors (GCC/Clang vector extension) and, where GCC builds for
-// x86-64, compiled three times and picked at load time by the CPU: AVX-512, AVX2+FMA, and the
-// baseline SSE2 the project targets. The vectors never cross a function boundary (their calling
-// convention differs between those targets).
+// The loops over scores run once per key and query row, so they are written with 16-float
+// vectors (GCC/Clang vector extension) and, where GCC builds for x86-64, compiled three times
+// and picked at load time by the CPU: AVX-512, AVX2+FMA, and the baseline SSE2 the project
+// targets. The vectors never cross a function boundary (their calling convention differs
+// between those targets).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SPIN_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SPIN_CPU_CLONES
 #endif
 
+namespace {
+
 using f32x16 = float __attribute__((vector_size(64)));
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x4 = float __attribute__((vector_size(16)));
 using i32x16 = int32_t __attribute__((vector_size(64)));
 constexpr int64_t kWidth = 16;
 
-// One key tile of the online softmax. s: rows x nk scores, row r at s + r * ld, where ld is a
-// multiple of kWidth and >= nk. Row r sees its first clamp(visible0 + r / group, 0, nk) keys; the
-// rest become probability 0. The visible scores become e^(score - m), m the row's running
-// maximum (row_max), row_sum takes their sum, and the row's output accumulated so far (o, rows x
-// head_dim) is rescaled to the new maximum.
-SPIN_CPU_CLONES void softmax_tile(float* s, int64_t rows, int64_t nk, int64_t ld, int64_t visible0,
-                                  int64_t group, float* row_max, float* row_sum, float* o,
-                                  int64_t head_dim) {
-  // e^x = 2^n e^r with x = n ln2 + r, |r| <= ln2/2; e^r by its Taylor series to r^7
-  // (truncation below 6e-9 relative), 2^n through the exponent bits. x is clamped at -87, so
-  // e^x never underflows to a denormal: about e^-87 instead of less changes no sum that holds
-  // the row maximum's e^0 = 1 (not even in its last bit).
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// scores[h * n_keys + t] = scale * (q_h . k_t) for h < group, t < n_keys; k_t at k + t * stride.
+SPIN_CPU_CLONES void group_scores(const float* q, int64_t group, const float* k, int64_t n_keys,
+                                  int64_t stride, int64_t head_dim, float scale, float* scores) {
+  const int64_t vector_end = head_dim / kWidth * kWidth;
+  for (int64_t t = 0; t < n_keys; ++t) {
+    const float* kt = k + t * stride;
+    for (int64_t h = 0; h < group; ++h) {
+      const float* qh = q + h * head_dim;
+      f32x16 lanes{};
+      for (int64_t d = 0; d < vector_end; d += kWidth) {
+        f32x16 a, b;
+        std::memcpy(&a, qh + d, sizeof a);
+        std::memcpy(&b, kt + d, sizeof b);
+        lanes += a * b;
+      }
+      f32x8 half, upper;
+      std::memcpy(&half, &lanes, sizeof half);
+      std::memcpy(&upper, reinterpret_cast<const char*>(&lanes) + sizeof half, sizeof upper);
+      half += upper;
+      f32x4 quarter, upper4;
+      std::memcpy(&quarter, &half, sizeof quarter);
+      std::memcpy(&upper4, reinterpret_cast<const char*>(&half) + sizeof quarter, sizeof upper4);
+      quarter += upper4;
+      float dot = (quarter[0] + quarter[2]) + (quarter[1] + quarter[3]);
+      for (int64_t d = vector_end; d < head_dim; ++d) dot += qh[d] * kt[d];
+      scores[h * n_keys + t] = dot * scale;
+    }
+  }
+}
+
+// out[h] += sum over t of p[h * n_keys + t] * v_t, t in increasing order; v_t at v + t * stride.
+SPIN_CPU_CLONES void group_accumulate(const float* p, int64_t group, const float* v,
+                                      int64_t n_keys, int64_t stride, int64_t head_dim,
+                                      float* out) {
+  for (int64_t t = 0; t < n_keys; ++t) {
+    const float* vt = v + t * stride;
+    for (int64_t h = 0; h < group; ++h) {
+      const float ph = p[h * n_keys + t];
+      float* oh = out + h * head_dim;
+      for (int64_t d = 0; d < head_dim; ++d) oh[d] += ph * vt[d];
+    }
+  }
+}
+
+SPIN_CPU_CLONES float max_of(const float* s, int64_t n) {
+  f32x16 lanes = f32x16{} - kInf;
+  int64_t j = 0;
+  for (; j + kWidth <= n; j += kWidth) {
+    f32x16 x;
+    std::memcpy(&x, s + j, sizeof x);
+    lanes = lanes < x ? x : lanes;
+  }
+  float m = -kInf;
+  for (int64_t l = 0; l < kWidth; ++l) m = std::max(m, lanes[l]);
+  for (; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// s[i] = e^(s[i] - shift) for i < n (shift >= every s[i]), each added to
+// lane_sums[(offset + i) % kWidth]. A lane receives its terms in increasing i whatever the
+// offset, so summing a row in pieces (a page list) adds exactly what summing it whole does.
+//
+// e^x = 2^n e^r with x = n ln2 + r, |r| <= ln2/2; e^r by its Taylor series to r^7 (truncation
+// below 6e-9 relative), 2^n through the exponent bits. x is clamped at -87, so e^x never
+// underflows to a denormal: about e^-87 instead of less changes no sum that holds the row
+// maximum's e^0 = 1 (not even in its last bit).
+SPIN_CPU_CLONES void exp_into_lanes(float* s, int64_t n, float shift, int64_t offset,
+                                    float* lane_sums) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;  // 15 significant bits: n * kLn2Hi is exact
   constexpr float kLn2Lo = 1.42860682030941723e-6f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr float kLowest = -87.0f;
-  constexpr float kInf = std::numeric_limits<float>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
-    float* sr = s + r * ld;
-    const int64_t visible = std::clamp<int64_t>(visible0 + r / group, 0, nk);
-    if (visible == 0) {
-      std::fill(sr, sr + nk, 0.0f);
-      continue;
+  f32x16 sums;
+  std::memcpy(&sums, lane_sums, sizeof sums);
+  for (int64_t i = 0; i < n;) {
+    const int64_t lane0 = (offset + i) % kWidth;
+    const int64_t count = std::min(kWidth - lane0, n - i);
+    const bool whole = count == kWidth;
+    float part[kWidth];  // a partial vector, its terms at their lanes
+    f32x16 x;
+    if (whole) {
+      std::memcpy(&x, s + i, sizeof x);
+    } else {
+      std::fill(part, part + kWidth, shift);
+      std::copy(s + i, s + i + count, part + lane0);
+      std::memcpy(&x, part, sizeof x);
     }
-    // Whole vectors up to `end`: the hidden scores in between count as -inf.
-    const int64_t end = (visible + kWidth - 1) / kWidth * kWidth;
-    std::fill(sr + visible, sr + end, -kInf);
+    x -= shift;
+    x = x < kLowest ? f32x16{} + kLowest : x;
+    const f32x16 nf = (x * kLog2e + kRound) - kRound;
+    const f32x16 r = (x - nf * kLn2Hi) - nf * kLn2Lo;
+    f32x16 p = r * (1.0f / 5040.0f) + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const i32x16 exponent_bits = (__builtin_convertvector(nf, i32x16) + 127) << 23;
+    f32x16 two_to_n;
+    std::memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
+    p *= two_to_n;
+    if (whole) {
+      std::memcpy(s + i, &p, sizeof p);
+    } else {
+      std::memcpy(part, &p, sizeof p);
+      std::copy(part + lane0, part + lane0 + count, s + i);
+      std::fill(part, part + lane0, 0.0f);
+      std::fill(part + lane0 + count, part + kWidth, 0.0f);
+      std::memcpy(&p, part, sizeof p);
+    }
+    sums += p;
+    i += count;
+  }
+  std::memcpy(lane_sums, &sums, sizeof sums);
+}
 
-    f32x16 lane_max = f32x16{} - kInf;
-    for (int64_t j = 0; j < end; j += kWidth) {
-      f32x16 x;
-      std::memcpy(&x, sr + j, sizeof x);
-      lane_max = lane_max < x ? x : lane_max;
-    }
-    float tile_max = -kInf;
-    for (int64_t l = 0; l < kWidth; ++l) tile_max = std::max(tile_max, lane_max[l]);
-    const float old_max = row_max[r];
-    const float new_max = std::max(old_max, tile_max);
+// The lanes' total, always in the same order.
+float sum_lanes(const float* lanes) {
+  float part[kWidth];
+  std::copy(lanes, lanes + kWidth, part);
+  for (int64_t w = kWidth / 2; w >= 1; w /= 2) {
+    for (int64_t l = 0; l < w; ++l) part[l] += part[l + w];
+  }
+  return part[0];
+}
 
-    f32x16 lane_sum{};
-    for (int64_t j = 0; j < end; j += kWidth) {
-      f32x16 x;
-      std::memcpy(&x, sr + j, sizeof x);
-      x -= new_max;
-      x = x < kLowest ? f32x16{} + kLowest : x;
-      const f32x16 n = (x * kLog2e + kRound) - kRound;
-      const f32x16 t = (x - n * kLn2Hi) - n * kLn2Lo;
-      f32x16 p = t * (1.0f / 5040.0f) + 1.0f / 720.0f;
-      p = p * t + 1.0f / 120.0f;
-      p = p * t + 1.0f / 24.0f;
-      p = p * t + 1.0f / 6.0f;
-      p = p * t + 0.5f;
-      p = p * t + 1.0f;
-      p = p * t + 1.0f;
-      const i32x16 exponent_bits = (__builtin_convertvector(n, i32x16) + 127) << 23;
-      f32x16 two_to_n;
-      std::memcpy(&two_to_n, &exponent_bits, sizeof two_to_n);
-      p *= two_to_n;
-      std::memcpy(sr + j, &p, sizeof p);
-      lane_sum += p;
-    }
-    float sum = 0.0f;
-    for (int64_t l = 0; l < kWidth; ++l) sum += lane_sum[l];
-    std::fill(sr + visible, sr + nk, 0.0f);
+// A run of key and value rows, row t at k + t * stride (likewise v).
+struct KeyRun {
+  const float* k;
+  const float* v;
+  int64_t n;
+  int64_t stride;
+};
 
-    // What was accumulated under the old maximum shrinks by e^(old - new); the first key tile
-    // holds key 0, which every row sees, so new_max is finite from there on.
-    const float rescale = std::exp(old_max - new_max);
-    row_sum[r] = row_sum[r] * rescale + sum;
-    row_max[r] = new_max;
-    if (rescale != 1.0f) {
-      for (int64_t d = 0; d < head_dim; ++d) o[r * head_dim + d] *= rescale;
-    }
+// Attention of one position for a GQA group over the concatenation of n_runs runs of keys
+// (run_at(i) gives run i). Two passes, so the result does not depend on how the keys are split
+// into runs: the scores' maximum per head first, then the exponentials (summed per lane by
+// their index in the concatenation) and the unnormalised sum of values, divided at the end.
+// scores: group * (largest run) floats; stats: group * (1 + kWidth) floats. A single run keeps
+// its scores between the passes instead of computing them again.
+template <class RunAt>
+void attend_runs(const float* q, int64_t group, int64_t n_runs, RunAt run_at, int64_t head_dim,
+                 float scale, float* out, float* scores, float* stats) {
+  float* head_max = stats;
+  float* lane_sums = stats + group;
+  std::fill(head_max, head_max + group, -kInf);
+  std::fill(lane_sums, lane_sums + group * kWidth, 0.0f);
+  int64_t total = 0;
+  for (int64_t i = 0; i < n_runs; ++i) {
+    const KeyRun run = run_at(i);
+    if (run.n == 0) continue;
+    group_scores(q, group, run.k, run.n, run.stride, head_dim, scale, scores);
+    for (int64_t h = 0; h < group; ++h)
+      head_max[h] = std::max(head_max[h], max_of(scores + h * run.n, run.n));
+    total += run.n;
+  }
+  SPIN_CHECK(total > 0, "attention over no keys");
+  std::memset(out, 0, sizeof(float) * group * head_dim);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < n_runs; ++i) {
+    const KeyRun run = run_at(i);
+    if (run.n == 0) continue;
+    if (n_runs > 1) group_scores(q, group, run.k, run.n, run.stride, head_dim, scale, scores);
+    for (int64_t h = 0; h < group; ++h)
+      exp_into_lanes(scores + h * run.n, run.n, head_max[h], offset, lane_sums + h * kWidth);
+    group_accumulate(scores, group, run.v, run.n, run.stride, head_dim, out);
+    offset += run.n;
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    const float inv = 1.0f / sum_lanes(lane_sums + h * kWidth);
+    for (int64_t d = 0; d < head_dim; ++d) out[h * head_dim + d] *= inv;
   }
 }
+
+constexpr int64_t kQueryRows = 128;  // query rows (tokens x group heads) per tile, at most
+constexpr int64_t kKeyTile = 256;    // keys per score tile: S, K and V tiles stay in L2
 
 struct TileScratch {
   std::vector<float> q, o, s, row_max, row_sum;
@@ -164,17 +242,34 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
   const int64_t n_keys = pos0 + t1;  // keys the tile's last token sees
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, n_keys - j0);
-    const int64_t ld = (nk + kWidth - 1) / kWidth * kWidth;
     float* s = w.s.data();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
                 static_cast<blasint>(nk), static_cast<blasint>(hd), shape.scale, w.q.data(),
                 static_cast<blasint>(hd), kv.k + j0 * hd, static_cast<blasint>(hd), 0.0f, s,
-                static_cast<blasint>(ld));
-    softmax_tile(s, rows, nk, ld, pos0 + t0 + 1 - j0, group, w.row_max.data(), w.row_sum.data(),
-                 o, hd);
+                static_cast<blasint>(nk));
+    // Online softmax: row r (token t0 + r / group) sees keys up to its position; the first key
+    // tile holds key 0, which every row sees, so a row's maximum is finite from there on.
+    for (int64_t r = 0; r < rows; ++r) {
+      float* sr = s + r * nk;
+      const int64_t visible = std::clamp<int64_t>(pos0 + t0 + r / group + 1 - j0, 0, nk);
+      if (visible > 0) {
+        const float old_max = w.row_max[r];
+        const float new_max = std::max(old_max, max_of(sr, visible));
+        float lanes[kWidth] = {};
+        exp_into_lanes(sr, visible, new_max, 0, lanes);
+        // What was accumulated under the old maximum shrinks by e^(old - new).
+        const float rescale = std::exp(old_max - new_max);
+        w.row_sum[r] = w.row_sum[r] * rescale + sum_lanes(lanes);
+        w.row_max[r] = new_max;
+        if (rescale != 1.0f) {
+          for (int64_t d = 0; d < hd; ++d) o[r * hd + d] *= rescale;
+        }
+      }
+      std::fill(sr + visible, sr + nk, 0.0f);
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows),
                 static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, s,
-                static_cast<blasint>(ld), kv.v + j0 * hd, static_cast<blasint>(hd), 1.0f, o,
+                static_cast<blasint>(nk), kv.v + j0 * hd, static_cast<blasint>(hd), 1.0f, o,
                 static_cast<blasint>(hd));
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -186,6 +281,29 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
 }
 
 }  // namespace
+
+void attend_group(const float* q, int64_t group, const float* k, const float* v, int64_t n_keys,
+                  int64_t kv_stride, int64_t head_dim, float scale, float* out, float* scores) {
+  std::vector<float> stats(static_cast<size_t>(group * (1 + kWidth)));
+  attend_runs(
+      q, group, 1, [&](int64_t) { return KeyRun{k, v, n_keys, kv_stride}; }, head_dim, scale,
+      out, scores, stats.data());
+}
+
+void attend_group_pages(const float* q, int64_t group, std::span<const KvPageView> pages,
+                        int64_t head_dim, float scale, float* out, float* scratch) {
+  static_assert(kPagedAttentionLanes == kWidth);
+  int64_t max_tokens = 0;
+  for (const KvPageView& p : pages) max_tokens = std::max(max_tokens, p.n_tokens);
+  attend_runs(
+      q, group, static_cast<int64_t>(pages.size()),
+      [&](int64_t i) {
+        const KvPageView& p = pages[static_cast<size_t>(i)];
+        return KeyRun{p.k, p.v, p.n_tokens, head_dim};
+      },
+      head_dim, scale, out, scratch, scratch + group * max_tokens);
+}
+
 
 void attend_causal(const float* q, int64_t n_tokens, int64_t pos0,
                    std::span<const KvHeadRows> heads, const CausalShape& shape, float* out) {

@@ -12,6 +12,14 @@ namespace spin::cpu {
 void attend_group(const float* q, int64_t group, const float* k, const float* v, int64_t n_keys,
                   int64_t kv_stride, int64_t head_dim, float scale, float* out, float* scores);
 
+// The two halves of attend_group, shared with attend_group_pages so that both compute the same
+// scores and sums. scores[h * n_keys + t] = scale * (q_h . k_t) for h < group, t < n_keys.
+void group_scores(const float* q, int64_t group, const float* k, int64_t n_keys,
+                  int64_t kv_stride, int64_t head_dim, float scale, float* scores);
+// out[h] += sum over t of p[h * n_keys + t] * v_t (v_t at v + t * kv_stride).
+void group_accumulate(const float* p, int64_t group, const float* v, int64_t n_keys,
+                      int64_t kv_stride, int64_t head_dim, float* out);
+
 // The key and value rows of one KV head, key t (position t) at k + t * head_dim.
 struct KvHeadRows {
   const float* k = nullptr;
