@@ -8,17 +8,10 @@ namespace spin::cpu {
 
 // q: [group, head_dim] contiguous; keys/values: n_keys rows of head_dim floats, row t at
 // k + t * kv_stride (likewise v). out: [group, head_dim]. scores: scratch of group * n_keys
-// floats. Each key and value row is read once for the whole group.
+// floats. Two passes: the scores and their maximum, then the exponentials and the values.
+// attend_group_pages (paged_attention.h) gives the same result bit for bit.
 void attend_group(const float* q, int64_t group, const float* k, const float* v, int64_t n_keys,
                   int64_t kv_stride, int64_t head_dim, float scale, float* out, float* scores);
-
-// The two halves of attend_group, shared with attend_group_pages so that both compute the same
-// scores and sums. scores[h * n_keys + t] = scale * (q_h . k_t) for h < group, t < n_keys.
-void group_scores(const float* q, int64_t group, const float* k, int64_t n_keys,
-                  int64_t kv_stride, int64_t head_dim, float scale, float* scores);
-// out[h] += sum over t of p[h * n_keys + t] * v_t (v_t at v + t * kv_stride).
-void group_accumulate(const float* p, int64_t group, const float* v, int64_t n_keys,
-                      int64_t kv_stride, int64_t head_dim, float* out);
 
 // The key and value rows of one KV head, key t (position t) at k + t * head_dim.
 struct KvHeadRows {
@@ -40,7 +33,8 @@ struct CausalShape {
 // them. Equals attend_group per (token, KV head) within fp32 rounding: tiles of query rows
 // (tokens x group heads) against tiles of keys, S = scale Q K^T and O += P V by cblas_sgemm, an
 // online softmax in fp32 between them; OpenMP over (KV head, query tile). Call it outside any
-// parallel region (OpenBLAS then runs each product on the calling thread).
+// parallel region: OpenBLAS's OpenMP build runs a product called inside one on the calling
+// thread, so each tile's products stay on its thread.
 void attend_causal(const float* q, int64_t n_tokens, int64_t pos0,
                    std::span<const KvHeadRows> heads, const CausalShape& shape, float* out);
 
