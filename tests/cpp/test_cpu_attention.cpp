@@ -179,6 +179,25 @@ TEST(CpuAttention, AttendGroupMatchesReference) {
   EXPECT_LE(c.worst_row_error(out), 1e-5);
 }
 
+// A query row's result depends on its own keys only: splitting the prompt into chunks (which
+// moves rows between tiles and changes the last key tile) gives the same bits.
+TEST(CpuAttention, ChunkingDoesNotChangeResults) {
+  for (const auto& [group, head_dim] : {std::pair<int64_t, int64_t>{3, 64}, {4, 128}}) {
+    const CausalCase c(group, 2, head_dim, 0, 160, 1.0f, 8);
+    const std::vector<float> one_shot = c.run_causal();
+    const std::vector<KvHeadRows> rows = c.heads();
+    const int64_t width = c.shape.n_heads * head_dim;
+    for (int64_t chunk : {7, 64, 150}) {
+      std::vector<float> chunked(c.q.size(), NAN);
+      for (int64_t p = 0; p < c.n_tokens; p += chunk) {
+        attend_causal(&c.q[p * width], std::min(chunk, c.n_tokens - p), p, rows, c.shape,
+                      &chunked[p * width]);
+      }
+      EXPECT_EQ(chunked, one_shot) << "group " << group << " chunks of " << chunk;
+    }
+  }
+}
+
 // The paged decode kernel promises attend_group's result bit for bit, however the keys are split
 // into pages (sizes that leave the partial sums' lanes unaligned, an empty page).
 TEST(CpuAttention, PagedDecodeEqualsAttendGroupExactly) {

@@ -1,7 +1,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -214,14 +213,20 @@ void attend_runs(const float* q, int64_t group, int64_t n_runs, RunAt run_at, in
 constexpr int64_t kQueryRows = 128;  // query rows (tokens x group heads) per tile, at most
 constexpr int64_t kKeyTile = 256;    // keys per score tile: S, K and V tiles stay in L2
 
+// Every product has the same shape, kQueryRows x kKeyTile x head_dim (tiles padded with zero
+// rows), because OpenBLAS picks its kernels by shape and kernels for different shapes round
+// differently: this way a query row's result depends on its own keys only, not on how the
+// prompt was split into chunks or the chunk into tiles.
 struct TileScratch {
-  std::vector<float> q, o, s, row_max, row_sum;
-  TileScratch(int64_t rows, int64_t head_dim)
-      : q(static_cast<size_t>(rows * head_dim)),
+  std::vector<float> q, o, s, row_max, row_sum, k_pad, v_pad;
+  explicit TileScratch(int64_t head_dim)
+      : q(static_cast<size_t>(kQueryRows * head_dim)),
         o(q.size()),
-        s(static_cast<size_t>(rows * kKeyTile)),
-        row_max(static_cast<size_t>(rows)),
-        row_sum(static_cast<size_t>(rows)) {}
+        s(static_cast<size_t>(kQueryRows * kKeyTile)),
+        row_max(static_cast<size_t>(kQueryRows)),
+        row_sum(static_cast<size_t>(kQueryRows)),
+        k_pad(static_cast<size_t>(kKeyTile * head_dim)),
+        v_pad(k_pad.size()) {}
 };
 
 // Query tokens [t0, t1) of KV head g: rows r = (token - t0) * group + head in the group.
@@ -235,23 +240,36 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
     std::memcpy(&w.q[(i - t0) * token_width], q + (i * shape.n_heads + g * group) * hd,
                 sizeof(float) * token_width);
   }
-  std::fill_n(w.o.begin(), rows * hd, 0.0f);
-  std::fill_n(w.row_max.begin(), rows, -std::numeric_limits<float>::infinity());
+  // Zero padding rows score 0 against every key, so their probabilities (left unnormalised)
+  // are 0 and their outputs stay 0.
+  std::fill(w.q.begin() + rows * hd, w.q.end(), 0.0f);
+  std::fill(w.o.begin(), w.o.end(), 0.0f);
+  std::fill_n(w.row_max.begin(), rows, -kInf);
   std::fill_n(w.row_sum.begin(), rows, 0.0f);
   float* o = w.o.data();
+  float* s = w.s.data();
   const int64_t n_keys = pos0 + t1;  // keys the tile's last token sees
   for (int64_t j0 = 0; j0 < n_keys; j0 += kKeyTile) {
-    const int64_t nk = std::min(kKeyTile, n_keys - j0);
-    float* s = w.s.data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
-                static_cast<blasint>(nk), static_cast<blasint>(hd), shape.scale, w.q.data(),
-                static_cast<blasint>(hd), kv.k + j0 * hd, static_cast<blasint>(hd), 0.0f, s,
-                static_cast<blasint>(nk));
+    const float* k = kv.k + j0 * hd;
+    const float* v = kv.v + j0 * hd;
+    if (j0 + kKeyTile > kv.n_tokens) {  // the head's last rows, padded with zero rows
+      const int64_t present = (kv.n_tokens - j0) * hd;
+      std::copy_n(k, present, w.k_pad.begin());
+      std::copy_n(v, present, w.v_pad.begin());
+      std::fill(w.k_pad.begin() + present, w.k_pad.end(), 0.0f);
+      std::fill(w.v_pad.begin() + present, w.v_pad.end(), 0.0f);
+      k = w.k_pad.data();
+      v = w.v_pad.data();
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(kQueryRows),
+                static_cast<blasint>(kKeyTile), static_cast<blasint>(hd), shape.scale,
+                w.q.data(), static_cast<blasint>(hd), k, static_cast<blasint>(hd), 0.0f, s,
+                static_cast<blasint>(kKeyTile));
     // Online softmax: row r (token t0 + r / group) sees keys up to its position; the first key
     // tile holds key 0, which every row sees, so a row's maximum is finite from there on.
     for (int64_t r = 0; r < rows; ++r) {
-      float* sr = s + r * nk;
-      const int64_t visible = std::clamp<int64_t>(pos0 + t0 + r / group + 1 - j0, 0, nk);
+      float* sr = s + r * kKeyTile;
+      const int64_t visible = std::clamp<int64_t>(pos0 + t0 + r / group + 1 - j0, 0, kKeyTile);
       if (visible > 0) {
         const float old_max = w.row_max[r];
         const float new_max = std::max(old_max, max_of(sr, visible));
@@ -265,11 +283,11 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
           for (int64_t d = 0; d < hd; ++d) o[r * hd + d] *= rescale;
         }
       }
-      std::fill(sr + visible, sr + nk, 0.0f);
+      std::fill(sr + visible, sr + kKeyTile, 0.0f);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(rows),
-                static_cast<blasint>(hd), static_cast<blasint>(nk), 1.0f, s,
-                static_cast<blasint>(nk), kv.v + j0 * hd, static_cast<blasint>(hd), 1.0f, o,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(kQueryRows),
+                static_cast<blasint>(hd), static_cast<blasint>(kKeyTile), 1.0f, s,
+                static_cast<blasint>(kKeyTile), v, static_cast<blasint>(hd), 1.0f, o,
                 static_cast<blasint>(hd));
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -319,15 +337,13 @@ void attend_causal(const float* q, int64_t n_tokens, int64_t pos0,
   }
   const int64_t n_kv = shape.n_kv_heads;
   const int64_t group = shape.n_heads / n_kv;
-  // Tiles of up to kQueryRows rows, smaller when that leaves too few tasks for the threads.
-  const int64_t threads = omp_get_max_threads();
-  const int64_t tile_tokens =
-      std::clamp<int64_t>((n_tokens * n_kv + 4 * threads - 1) / (4 * threads), 1,
-                          std::max<int64_t>(1, kQueryRows / group));
+  const int64_t tile_tokens = std::max<int64_t>(1, kQueryRows / group);
+  SPIN_CHECK(tile_tokens * group <= kQueryRows, "causal attention: GQA groups of {} heads exceed "
+             "the {} query rows of a tile", group, kQueryRows);
   const int64_t n_tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
 #pragma omp parallel
   {
-    TileScratch scratch(tile_tokens * group, shape.head_dim);
+    TileScratch scratch(shape.head_dim);
     // Later tiles see more keys: hand them out first so the threads finish together.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tiles * n_kv; ++task) {
