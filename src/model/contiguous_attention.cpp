@@ -56,28 +56,30 @@ void ContiguousAttention::forward(int64_t layer, int64_t pos0, int64_t n,
   if (pos0 + n > capacity_) grow_to(pos0 + n);
   const int64_t hd = shape_.head_dim;
   const int64_t n_kv = shape_.n_kv_heads;
-  const int64_t group = shape_.n_heads / n_kv;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t g = 0; g < n_kv; ++g) {
       std::memcpy(k_row(layer, g, pos0 + i), k + (i * n_kv + g) * hd, sizeof(float) * hd);
       std::memcpy(v_row(layer, g, pos0 + i), v + (i * n_kv + g) * hd, sizeof(float) * hd);
     }
   }
-  // One task per (token, KV head): each reads its group's keys once.
+  if (n == 1) {
+    // Decode: one position per KV head, the same per-position kernel the paged decode path uses
+    // (attend_group_pages) in summation order, so the two agree to fp32 rounding.
+    const int64_t group = shape_.n_heads / n_kv;
 #pragma omp parallel
-  {
-    std::vector<float> scores;
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t i = 0; i < n; ++i) {
+    {
+      std::vector<float> scores(static_cast<size_t>(group * (pos0 + 1)));
+#pragma omp for schedule(static)
       for (int64_t g = 0; g < n_kv; ++g) {
-        const int64_t n_keys = pos0 + i + 1;
-        scores.resize(static_cast<size_t>(group * n_keys));
-        const int64_t head0 = g * group;
-        cpu::attend_group(q + (i * shape_.n_heads + head0) * hd, group, k_row(layer, g, 0),
-                          v_row(layer, g, 0), n_keys, hd, hd, shape_.scale,
-                          out + (i * shape_.n_heads + head0) * hd, scores.data());
+        cpu::attend_group(q + g * group * hd, group, k_row(layer, g, 0), v_row(layer, g, 0),
+                          pos0 + 1, hd, hd, shape_.scale, out + g * group * hd, scores.data());
       }
     }
+  } else {
+    // A chunk: the blocked causal kernel, which the paged prefill path runs as well.
+    std::vector<cpu::KvHeadRows> heads(static_cast<size_t>(n_kv));
+    for (int64_t g = 0; g < n_kv; ++g) heads[g] = {k_row(layer, g, 0), v_row(layer, g, 0), pos0 + n};
+    cpu::attend_causal(q, n, pos0, heads, {shape_.n_heads, n_kv, hd, shape_.scale}, out);
   }
   if (layer == shape_.n_layers - 1) length_ = std::max(length_, pos0 + n);
 }

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention.h"
 
 namespace spin::sparse {
 
@@ -200,38 +200,37 @@ void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint
 void PagedSparseAttention::prefill_attention(uint32_t layer, uint32_t pos0, uint32_t n,
                                              const float* q, float* out) {
   const uint32_t ps = settings_.page_size;
-  const uint32_t n_pages = kv_.num_pages(request_);
   const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
-  const int64_t hd = shape_.head_dim;
-  const int64_t group = shape_.n_heads / shape_.n_kv_heads;
-  // Before offload every page is on the device.
+  const auto hd = static_cast<size_t>(shape_.head_dim);
+  const uint32_t n_keys = pos0 + n;
+  const uint32_t n_pages = (n_keys + ps - 1) / ps;
+  // Each KV head's rows gathered from its pages (all on the device before offload) into one
+  // contiguous block, K then V, for the blocked causal kernel: a copy of one layer's K/V of the
+  // sequence, small next to the chunk's attention over it.
   std::vector<kv::PageId> pages(size_t{n_kv} * n_pages);
   for (uint32_t g = 0; g < n_kv; ++g) {
     for (uint32_t p = 0; p < n_pages; ++p)
       pages[size_t{g} * n_pages + p] = kv_.lookup(request_, layer, g, p).device;
   }
-  // One task per (token, KV head): each reads its group's pages once.
-#pragma omp parallel
-  {
-    std::vector<cpu::KvPageView> views;
-    std::vector<float> scratch(cpu::paged_attention_scratch(group, ps));
-#pragma omp for collapse(2) schedule(dynamic)
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t g = 0; g < n_kv; ++g) {
-        const uint32_t pos = pos0 + static_cast<uint32_t>(i);
-        const uint32_t last = pos / ps;
-        views.resize(last + 1);
-        for (uint32_t p = 0; p <= last; ++p) {
-          const kv::PageId page = pages[g * n_pages + p];
-          views[p] = {reader_->keys(page), reader_->values(page), p == last ? pos % ps + 1 : ps};
-        }
-        const int64_t head0 = g * group;
-        cpu::attend_group_pages(q + (i * shape_.n_heads + head0) * hd, group, views, hd,
-                                shape_.scale, out + (i * shape_.n_heads + head0) * hd,
-                                scratch.data());
-      }
+  std::vector<float> rows(size_t{n_kv} * 2 * n_keys * hd);
+  std::vector<cpu::KvHeadRows> heads(n_kv);
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    const float* k = rows.data() + size_t{g} * 2 * n_keys * hd;
+    heads[g] = {k, k + size_t{n_keys} * hd, n_keys};
+  }
+#pragma omp parallel for collapse(2) schedule(static)
+  for (uint32_t g = 0; g < n_kv; ++g) {
+    for (uint32_t p = 0; p < n_pages; ++p) {
+      const kv::PageId page = pages[size_t{g} * n_pages + p];
+      const size_t first = size_t{p} * ps;
+      const size_t count = std::min<size_t>(ps, n_keys - first) * hd;
+      float* k = rows.data() + size_t{g} * 2 * n_keys * hd;
+      std::copy_n(reader_->keys(page), count, k + first * hd);
+      std::copy_n(reader_->values(page), count, k + (n_keys + first) * hd);
     }
   }
+  cpu::attend_causal(q, n, pos0, heads,
+                     {shape_.n_heads, shape_.n_kv_heads, shape_.head_dim, shape_.scale}, out);
 }
 
 void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const float* q,

@@ -1,7 +1,10 @@
 #pragma once
 // Attention of one query position for a GQA group over a list of KV pages (the paged store's
 // layout: each page holds up to page_size consecutive key rows and value rows of one KV head).
-// Online softmax, so every page is read once for the whole group and no page list is gathered.
+// Two passes over the pages (the scores' maximum, then exponentials and values), no page list
+// gathered; the result is bit for bit that of attend_group over the pages' rows concatenated,
+// so a paged path that attends to every key matches the contiguous one exactly. Defined in
+// attention.cpp beside attend_group, whose arithmetic it shares.
 #include <cstdint>
 #include <span>
 
@@ -13,9 +16,13 @@ struct KvPageView {
   int64_t n_tokens = 0;
 };
 
-// Scratch floats attend_group_pages needs for a group and the largest page.
+// Partial sums per head that the exponentials are added into (a fixed order of additions).
+inline constexpr int64_t kPagedAttentionLanes = 16;
+
+// Scratch floats attend_group_pages needs for a group and the largest page: the scores of one
+// page, and per head the maximum and the partial sums.
 inline int64_t paged_attention_scratch(int64_t group, int64_t max_page_tokens) {
-  return group * (max_page_tokens + 2);
+  return group * (max_page_tokens + 1 + kPagedAttentionLanes);
 }
 
 // q: [group, head_dim]; out: [group, head_dim]. The keys are the pages' rows in list order; the
