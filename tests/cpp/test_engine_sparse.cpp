@@ -68,6 +68,20 @@ void run_to_end(Engine& engine, bool bound_holds = true) {
   }
 }
 
+// One greedy request of max_tokens per prompt, run to the end: each ends by length with the
+// tokens of plain greedy decoding (for attention that is exact whatever the scheduler did).
+void expect_greedy_outputs(Engine& engine, const std::vector<std::vector<int32_t>>& prompts, int64_t max_tokens,
+                           const AttentionSettings& attention, bool bound_holds = true) {
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (const auto& prompt : prompts) ids.push_back(engine.add_request(prompt, greedy(max_tokens, attention), c.callback()));
+  run_to_end(engine, bound_holds);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], max_tokens)) << "request " << i;
+  }
+}
+
 // Pools, segments and reservations are back where they were before any request.
 void expect_idle(const Engine& engine, const KvStoreUsage& idle) {
   const EngineMetrics m = engine.metrics();
@@ -184,21 +198,12 @@ TEST(EngineSparse, AlgorithmAboveItsBoundRecomputesInsteadOfFailing) {
   AttentionSettings attention;
   attention.algorithm = "test-all-pages-unbudgeted";
   attention.budget = 16;
-  Collector c;
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 8; ++i) {
-    prompts.push_back(random_prompt(rng, 60 + 7 * i));
-    ids.push_back(engine.add_request(prompts.back(), greedy(20, attention), c.callback()));
-  }
-  run_to_end(engine, false);
+  for (int i = 0; i < 8; ++i) prompts.push_back(random_prompt(rng, 60 + 7 * i));
+  // Attention over every page is exact: recomputed or not, each output is the dense one.
+  expect_greedy_outputs(engine, prompts, 20, attention, false);
   EXPECT_TRUE(engine.alive());
   EXPECT_GT(engine.metrics().preemptions_total(), 0u);
-  // Attention over every page is exact: recomputed or not, each output is the dense one.
-  for (int i = 0; i < 8; ++i) {
-    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
-    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 20)) << "request " << i;
-  }
   expect_idle(engine, idle);
 }
 
@@ -413,21 +418,12 @@ TEST(EngineSparse, RecomputeWhenTheHostTierIsFull) {
   Engine engine(tiny().model, nullptr, engine_config(4),
                 make_paged_attention_factory(shape, store(4000, streams * 22, 4)));
   const KvStoreUsage idle = *engine.metrics().kv_store;
-  Collector c;
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 4; ++i) {
-    prompts.push_back(random_prompt(rng, 100));
-    ids.push_back(engine.add_request(prompts.back(), greedy(40, quest(kMaxModelLen)), c.callback()));
-  }
-  run_to_end(engine);
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, 100));
+  expect_greedy_outputs(engine, prompts, 40, quest(kMaxModelLen));
   const EngineMetrics m = engine.metrics();
   EXPECT_GT(m.preemptions_recompute, 0u);
   EXPECT_EQ(m.preemptions_swap, 0u);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
-    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 40)) << "request " << i;
-  }
   expect_idle(engine, idle);
 }
 
@@ -441,21 +437,12 @@ TEST(EngineSparse, SwappedOutRequestsGiveUpHostPagesWhenBothTiersAreShort) {
   Engine engine(tiny().model, nullptr, engine_config(6),
                 make_paged_attention_factory(shape, store(streams * 20, streams * 24, 6)));
   const KvStoreUsage idle = *engine.metrics().kv_store;
-  Collector c;
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<uint64_t> ids;
-  for (int i = 0; i < 6; ++i) {
-    prompts.push_back(random_prompt(rng, 90 + 6 * i));
-    ids.push_back(engine.add_request(prompts.back(), greedy(40, quest(kMaxModelLen)), c.callback()));
-  }
-  run_to_end(engine);
+  for (int i = 0; i < 6; ++i) prompts.push_back(random_prompt(rng, 90 + 6 * i));
+  expect_greedy_outputs(engine, prompts, 40, quest(kMaxModelLen));
   const EngineMetrics m = engine.metrics();
   EXPECT_GT(m.preemptions_swap, 0u);
   EXPECT_GT(m.preemptions_recompute, 0u);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_EQ(c.finish[ids[i]], "length") << "request " << i;
-    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 40)) << "request " << i;
-  }
   expect_idle(engine, idle);
 }
 
