@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
+#include "kernels/cuda/module_loading.h"
 #include "engine/tensor_parallel_factory.h"
 #include "model/cuda/cuda_model.h"
 #include "model/tensor_parallel.h"
@@ -388,6 +389,7 @@ int main(int argc, char** argv) {
                a.tensor_parallel_size);
     if (a.device == "cuda") {
 #ifdef SPIN_WITH_CUDA
+      if (a.tensor_parallel_size > 1) spin::cuda::request_eager_module_loading();
       run_cuda(a);
 #else
       spin::fail("--device cuda: this build has no CUDA (configure with -DSPIN_CUDA=ON)");

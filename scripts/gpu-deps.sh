@@ -10,5 +10,6 @@ apt-get download -q libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 nlohmann-json
   libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 \
   libopenblas-openmp-dev libopenblas0-openmp libgfortran5 libgtest-dev libgmock-dev \
   libbenchmark-dev libbenchmark1debian \
-  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libssl3 zlib1g-dev libbrotli-dev libbrotli1 \
+  elfutils libasm1 libdw1 libelf1 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
 ls

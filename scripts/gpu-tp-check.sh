@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a machine with 2 (or more) GPUs, with binaries built elsewhere
 # (scripts/gpu-prebuild.sh stages them in .gpu-bin/; the device call carries .gpu-bin and
-# .gpu-deps): the tensor-parallel and NCCL GPU tests, then dummy Qwen3-32B decode at tp=1 and
-# tp=2 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA graphs, and a short scaling table
-# last (rows that do not fit one GPU's KV pool at tp=1 show '-').
+# .gpu-deps): every GPU test (the tensor-parallel and NCCL ones included), then dummy Qwen3-32B
+# decode at tp=1, 2 and (with 4 GPUs) 4 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA
+# graphs, and a short scaling table last (rows that do not fit one GPU's KV pool show '-').
+# A step that outlives its time limit gets its threads' stacks printed (gdb or eu-stack when the
+# machine has one, else each thread's kernel wait channel) before it is killed.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Results go to $OUT when set.
 # SPIN_GPU_PREBUILT: the binaries' folder (default .gpu-bin); SPIN_TP_MODEL: the dummy preset
 # (default qwen3-32b).
@@ -14,12 +16,15 @@ mkdir -p "$out"
 bin=${SPIN_GPU_PREBUILT:-.gpu-bin}
 model=${SPIN_TP_MODEL:-qwen3-32b}
 export NCCL_NVLS_ENABLE=0
+# One thread per GPU in one process needs kernels loaded eagerly (kernels/cuda/module_loading.h).
+export CUDA_MODULE_LOADING=EAGER
 export NCCL_DEBUG=${NCCL_DEBUG:-VERSION}  # the NCCL version in the log, once per communicator
 
 deps=/tmp/spin-deps
 mkdir -p "$deps"
 for f in .gpu-deps/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$deps"; done
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export PATH=$PATH:$deps/usr/bin  # eu-stack (elfutils) for the stacks of a step that hangs
 chmod +x "$bin"/bin/* "$bin"/tests/* 2>/dev/null || true
 
 # libnccl: the CUDA toolkit's, else the one pip installed beside the device's PyTorch.
@@ -40,26 +45,59 @@ ldd "$bin/tests/spin_gpu_tests" | grep -E 'nccl|not found' | tee -a "$out/nccl.t
 nvidia-smi --query-gpu=index,name,memory.total --format=csv | tee "$out/gpu.txt"
 nvidia-smi topo -m 2>/dev/null | head -n 6 | tee -a "$out/gpu.txt"
 
+gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+tps=(1 2)
+[ "$gpus" -ge 4 ] && tps+=(4)
+
+# limited SECONDS LOG CMD...: runs CMD with output to LOG and the terminal; past SECONDS it prints
+# the stacks of every thread, then kills it (exit status 124).
+limited() {
+  local limit=$1 log=$2
+  shift 2
+  "$@" > >(tee "$log") 2>&1 &
+  local pid=$! waited=0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "!! still running after ${limit}s: stacks of pid $pid" | tee -a "$log.stacks"
+    if command -v gdb >/dev/null; then
+      gdb -p "$pid" -batch -ex 'thread apply all bt 12' 2>&1 | grep -E '^(Thread|#)' | tee -a "$log.stacks"
+    elif command -v eu-stack >/dev/null; then
+      # Idle pool workers (five frames in pthread_cond_wait) are left out.
+      eu-stack -p "$pid" 2>&1 | python3 -c '
+import re, sys
+for block in re.split(r"\n(?=TID )", sys.stdin.read()):
+    frames = [l for l in block.splitlines() if l.startswith("#")]
+    if len(frames) > 5 or "spin::" in block or "nccl" in block.lower():
+        print(block)' | tee -a "$log.stacks"
+    else
+      for t in /proc/"$pid"/task/*; do echo "$t $(cat "$t/comm") $(cat "$t/wchan")"; done | tee -a "$log.stacks"
+    fi
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
+  wait "$pid"
+}
+
 status=0
-echo "== tensor-parallel and NCCL GPU tests"
-timeout 90 "$bin/tests/spin_gpu_tests" --gtest_filter='*TensorParallel*:Nccl*' \
-  --gtest_output=json:"$out/tp_tests.json" 2>&1 | tee "$out/tp_tests.log" || status=1
+echo "== GPU tests ($gpus GPUs)"
+limited 240 "$out/gpu_tests.log" "$bin/tests/spin_gpu_tests" --gtest_output=json:"$out/gpu_tests.json" || status=1
 
 # Decode only (the prefill rows are skipped with a tiny --prefill); 16 timed steps x 2 repeats.
 bench=("$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8 32
        --decode-context 1024 8192 --prefill 16 --decode-tokens 16 --repeats 2)
-for tp in 1 2; do
+for tp in "${tps[@]}"; do
   echo "== dummy $model decode, tensor parallel $tp"
-  timeout 100 "${bench[@]}" --tensor-parallel-size "$tp" 2>&1 | tee "$out/bench_tp$tp.md" || status=1
+  limited 100 "$out/bench_tp$tp.md" "${bench[@]}" --tensor-parallel-size "$tp" || status=1
 done
 # The all-reduces inside CUDA graphs against eager steps (and a fallback figure if capture fails).
 echo "== dummy $model decode, tensor parallel 2, CUDA graphs off"
-timeout 60 "$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8 \
-  --decode-context 1024 --prefill 16 --decode-tokens 16 --repeats 2 --tensor-parallel-size 2 --no-cuda-graphs \
-  2>&1 | tee "$out/bench_tp2_no_graphs.md" || status=1
+limited 60 "$out/bench_tp2_no_graphs.md" "$bin/bin/spin_bench_model" --device cuda --load-format dummy \
+  --model "$model" --batch 1 8 --decode-context 1024 --prefill 16 --decode-tokens 16 --repeats 2 \
+  --tensor-parallel-size 2 --no-cuda-graphs || status=1
 
-echo "== decode tok/s: tensor parallel 1 vs 2 ($model, dummy weights)"
-python3 - "$out/bench_tp1.md" "$out/bench_tp2.md" <<'EOF' | tee "$out/scaling.md"
+echo "== decode tok/s by tensor-parallel size ($model, dummy weights)"
+python3 - "$out"/bench_tp*.md <<'EOF' | tee "$out/scaling.md"
 import re, sys
 def rates(path):
     table = {}
@@ -72,12 +110,21 @@ def rates(path):
         if len(cells) >= 3 and cells[0].isdigit() and cells[1].isdigit() and re.match(r'^[0-9.]+$', cells[2]):
             table[(int(cells[0]), int(cells[1]))] = float(cells[2])
     return table
-one, two = rates(sys.argv[1]), rates(sys.argv[2])
-print("| batch | context | tp1 tok/s | tp2 tok/s | tp2 / tp1 |")
-print("|---|---|---|---|---|")
-for key in sorted(set(one) | set(two)):
-    a, b = one.get(key), two.get(key)
-    ratio = f"{b / a:.2f}" if a and b else "-"
-    print(f"| {key[0]} | {key[1]} | {a if a else '-'} | {b if b else '-'} | {ratio} |")
+runs = {}
+for path in sys.argv[1:]:
+    m = re.search(r'bench_tp(\d+)\.md$', path)
+    if m:
+        runs[int(m.group(1))] = rates(path)
+sizes = sorted(runs)
+keys = sorted(set().union(*runs.values())) if runs else []
+print("| batch | context | " + " | ".join(f"tp{t} tok/s" for t in sizes) + " | " +
+      " | ".join(f"tp{t} / tp1" for t in sizes if t > 1) + " |")
+print("|---|---|" + "---|" * (2 * len(sizes) - 1))
+for key in keys:
+    vals = [runs[t].get(key) for t in sizes]
+    base = runs.get(1, {}).get(key)
+    ratios = [f"{runs[t][key] / base:.2f}" if base and runs[t].get(key) else "-" for t in sizes if t > 1]
+    print(f"| {key[0]} | {key[1]} | " + " | ".join(str(v) if v else "-" for v in vals) + " | " +
+          " | ".join(ratios) + " |")
 EOF
 exit $status

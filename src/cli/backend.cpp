@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
+#include "kernels/cuda/module_loading.h"
 #include "model/cuda/cuda_model.h"
 #endif
 
@@ -187,6 +188,10 @@ std::string resolve_device(const std::string& device, bool sparse_default) {
 }
 
 Backend make_backend(LoadOptions load, const BackendOptions& options, const EngineConfig& engine_flags) {
+#ifdef SPIN_WITH_CUDA
+  // Before the first CUDA call, which fixes the mode (kernels/cuda/module_loading.h).
+  if (options.tensor_parallel_size > 1) cuda::request_eager_module_loading();
+#endif
   Backend b;
   b.device = resolve_device(options.device, options.sparse_default);
   // A dummy model on the GPU is filled there: no host copy of its weights at all.

@@ -154,19 +154,21 @@ TEST_F(NcclGpuTest, BadRanksAndDevicesAreRefusedBeforeNcclStarts) {
   }
 }
 
-// No GPU needed: the multicast guard sets the variable when unset and never overrides it.
-TEST(NcclEnv, MulticastStaysOffUnlessTheEnvironmentSaysOtherwise) {
-  const char* before = std::getenv("NCCL_NVLS_ENABLE");
-  const std::string saved = before ? before : "";
-  unsetenv("NCCL_NVLS_ENABLE");
-  cuda::keep_nvlink_multicast_off();
-  ASSERT_NE(std::getenv("NCCL_NVLS_ENABLE"), nullptr);
-  EXPECT_EQ(std::string(std::getenv("NCCL_NVLS_ENABLE")), "0");
-  setenv("NCCL_NVLS_ENABLE", "2", 1);
-  cuda::keep_nvlink_multicast_off();
-  EXPECT_EQ(std::string(std::getenv("NCCL_NVLS_ENABLE")), "2");
-  // Back as it was, or off (never left unset on a shared host).
-  setenv("NCCL_NVLS_ENABLE", saved.empty() ? "0" : saved.c_str(), 1);
+// No GPU needed: each setting is applied when unset and never overrides the environment.
+TEST(NcclEnv, SettingsApplyOnlyWhereTheEnvironmentIsSilent) {
+  for (const char* name : {"NCCL_NVLS_ENABLE", "NCCL_RUNTIME_CONNECT"}) {
+    const char* before = std::getenv(name);
+    const std::string saved = before ? before : "";
+    unsetenv(name);
+    cuda::set_nccl_environment();
+    ASSERT_NE(std::getenv(name), nullptr) << name;
+    EXPECT_EQ(std::string(std::getenv(name)), "0") << name;
+    setenv(name, "2", 1);
+    cuda::set_nccl_environment();
+    EXPECT_EQ(std::string(std::getenv(name)), "2") << name;
+    // Back as it was, or off (never left unset on a shared host).
+    setenv(name, saved.empty() ? "0" : saved.c_str(), 1);
+  }
 }
 
 #else

@@ -22,10 +22,13 @@ void check_nccl(ncclResult_t result, const char* what) {
 
 }  // namespace
 
-void keep_nvlink_multicast_off() { setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0); }
+void set_nccl_environment() {
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+}
 
 NcclId make_nccl_id() {
-  keep_nvlink_multicast_off();
+  set_nccl_environment();
   ncclUniqueId id;
   check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
   NcclId out;

@@ -18,13 +18,18 @@ struct NcclId {
   std::array<char, 128> bytes{};  // an ncclUniqueId
 };
 
-// NVLink multicast (NVLS) is off unless the environment already says otherwise: on the shared
-// multi-GPU machines a program using it can take the host's GPUs out of service (see the device
-// notes, KINDS.md). Sets NCCL_NVLS_ENABLE=0 when unset; make_nccl_id calls it, so it runs before
-// NCCL reads its settings. Not thread-safe (setenv): call before starting the rank threads.
-void keep_nvlink_multicast_off();
+// The NCCL settings spin runs with, each applied only when the environment leaves it unset:
+//  - NCCL_NVLS_ENABLE=0: NVLink multicast off; on the shared multi-GPU machines a program using it
+//    can take the host's GPUs out of service (see the device notes, KINDS.md).
+//  - NCCL_RUNTIME_CONNECT=0: every connection is made inside ncclCommInitRank, while the GPUs are
+//    idle. By default NCCL connects at a communicator's first collective of each kind, with
+//    allocations that wait for the whole GPU; with one thread per GPU in one process, a rank
+//    connecting mid-step can wait behind another rank's all-reduce kernel, which waits for it.
+// make_nccl_id calls it, so it runs before NCCL reads its settings. Not thread-safe (setenv):
+// call before starting the rank threads.
+void set_nccl_environment();
 
-// A fresh id (ncclGetUniqueId) after keep_nvlink_multicast_off(). Throws spin::Error on failure.
+// A fresh id (ncclGetUniqueId) after set_nccl_environment(). Throws spin::Error on failure.
 NcclId make_nccl_id();
 
 class NcclCommunicator {

@@ -8,6 +8,7 @@
 #include "base/half.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/module_loading.h"
 #include "kernels/cuda/nccl_communicator.h"
 #include "kernels/cuda/rmsnorm.h"
 #include "model/communicator.h"
@@ -481,6 +482,10 @@ CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, 
        "and libnccl visible, or NCCL_ROOT=<install>)",
        world);
 #else
+  SPIN_CHECK(cuda::module_loading_is_eager(),
+             "--tensor-parallel-size {} needs CUDA kernels loaded eagerly (a rank's first launch of a kernel "
+             "can otherwise wait behind another rank's all-reduce forever); run with CUDA_MODULE_LOADING=EAGER",
+             world);
   const cuda::NcclId id = cuda::make_nccl_id();
   CudaTensorParallel out;
   out.ranks.resize(static_cast<size_t>(world));

@@ -1,0 +1,61 @@
+#pragma once
+// Retrieve on the GPU: makes the pages a decode step selected resident in each request's cache
+// slots on the device, with no host round trip. Per (request, KV head) of one layer ("item"):
+// residency check against the slots' table, eviction by bucketed LRU among the slots this step
+// does not need, a zero-copy gather of the misses straight from pinned host memory into the freed
+// slots, and the table update. The policy is kv::BucketedLruPicker's (src/kv/bucketed_lru.h), the
+// one the CPU KV manager uses.
+//
+// Pages are those of paged_attention.h, in two pools with the same layout: the device pool and
+// the host tier (pinned, mapped: its device pointer). Page ids in a layer's slice are
+// group * num_kv_heads + kv_head in both.
+//
+// Slots: request `seq` owns the device page groups cache_groups[cache_offsets[seq] ..
+// cache_offsets[seq + 1]); slot j of item (seq, h) in layer `layer` is device page
+// cache_groups[cache_offsets[seq] + j] * num_kv_heads + h. Each slot's state persists across
+// steps in slot_page / slot_stamp at index (group * num_layers + layer) * num_kv_heads + h:
+// the logical page it holds (-1: empty) and the step it was last needed (request-local steps,
+// now[seq] this step; stamps < now[seq] for every slot before the call).
+//
+// For item i, the needed logical pages are needed[needed_offsets[i] .. needed_offsets[i] +
+// needed_counts[i]), distinct and ascending; the host tier holds logical page p of `seq` in host
+// group host_groups[host_offsets[seq] + p]. The call, per item:
+//  1. hits: slots holding a needed page get stamp now;
+//  2. free slots for the misses, in this order: empty slots by ascending slot index, then victims
+//     among the non-needed occupied slots chosen as BucketedLruPicker::pick does (stamps mapped to
+//     `buckets` buckets over [oldest, now), oldest bucket first, ascending logical page inside the
+//     last bucket taken), in the order pick returns them;
+//  3. the k-th miss (in needed order) goes to the k-th free slot: its page is copied from the host
+//     tier, the slot gets the page and stamp now;
+//  4. out_pages[out_offsets[i] + j] = device page id holding needed page j.
+// Counters per seq (atomic adds): [seq * 3 + 0] hits, [+1] misses, [+2] evictions (victims of
+// step 2 that held a page). Requires needed_counts[i] <= the request's slots; an item that breaks
+// this writes -1 to its out_pages and sets *error = 1 instead of touching its slots.
+struct PageCacheParams {
+  int num_seqs = 0;
+  int num_kv_heads = 0;
+  int num_layers = 0;
+  int layer = 0;
+  int head_dim = 128;
+  int page_size = 16;
+  int buckets = 64;
+  const int32_t* needed = nullptr;
+  const int32_t* needed_offsets = nullptr;  // [num_seqs * num_kv_heads]
+  const int32_t* needed_counts = nullptr;   // [num_seqs * num_kv_heads]
+  const int32_t* cache_groups = nullptr;
+  const int32_t* cache_offsets = nullptr;   // [num_seqs + 1]
+  const int32_t* host_groups = nullptr;
+  const int32_t* host_offsets = nullptr;    // [num_seqs]
+  const uint32_t* now = nullptr;            // [num_seqs]
+  int32_t* slot_page = nullptr;
+  uint32_t* slot_stamp = nullptr;
+  const __nv_bfloat16* host_pool = nullptr;  // this layer's slice of the host tier (device pointer)
+  __nv_bfloat16* device_pool = nullptr;      // this layer's slice of the device pool
+  int32_t* out_pages = nullptr;
+  const int32_t* out_offsets = nullptr;      // [num_seqs * num_kv_heads]
+  unsigned long long* counters = nullptr;    // [num_seqs * 3]
+  int* error = nullptr;
+};
+cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream);
+
+}  // namespace spin::cuda
