@@ -31,6 +31,13 @@
 // Counters per seq (atomic adds): [seq * 3 + 0] hits, [+1] misses, [+2] evictions (victims of
 // step 2 that held a page). Requires needed_counts[i] <= the request's slots; an item that breaks
 // this writes -1 to its out_pages and sets *error = 1 instead of touching its slots.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spin::cuda {
+
 struct PageCacheParams {
   int num_seqs = 0;
   int num_kv_heads = 0;
