@@ -414,7 +414,11 @@ TEST_F(GpuSelectTop, KNearCountAndAllTies) {
     std::vector<int32_t> expect(got.size(), kPoisonI32);
     for (int i = 0; i < 3; ++i)
       for (int j = 0; j < counts[i]; ++j) expect[offsets[i] + j] = 5 + j;
-    EXPECT_EQ(got, expect) << "fill " << fill << " n " << n << " k " << counts[2];
+    const auto [got_at, expect_at] = std::mismatch(got.begin(), got.end(), expect.begin());
+    EXPECT_TRUE(got_at == got.end())
+        << "fill " << fill << " n " << n << " counts " << counts[0] << "/" << counts[1] << "/"
+        << counts[2] << ": first mismatch at output " << got_at - got.begin() << ": got " << *got_at
+        << " expected " << *expect_at;
   }
 }
 
