@@ -33,7 +33,7 @@ else
 fi
 
 status=0
-$bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
+timeout 300 $bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
 bench=${SPIN_GPU_BENCH:-1}
 if [ "$bench" = 1 ] || [ "$bench" = kernels ]; then
