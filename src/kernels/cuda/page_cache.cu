@@ -73,7 +73,8 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
 
 // One block per item (seq, KV head). Every branch that encloses a __syncthreads or a block
 // collective depends only on values all threads read alike (the item's counts) or on block
-// totals, so control flow around barriers is uniform.
+// totals, so control flow around barriers is uniform. Two blocks per SM (64 registers) keep more
+// host reads in flight than one.
 __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p) {
   __shared__ Shared sh;
   const int tid = threadIdx.x;
