@@ -7,8 +7,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include "gpu_test.h"
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_test.h"
 #include "kernels/cuda/page_cache.h"
 #include "kv/bucketed_lru.h"
 
@@ -39,7 +38,7 @@ struct TraceShape {
   std::vector<int> slots;          // per request
   std::vector<int> logical_pages;  // per request; more than its slots
   int steps;
-  int max_jump;  // a request's step counter advances by 1..max_jump between calls
+  int max_jump;         // a request's step counter advances by 1..max_jump between calls
   bool overfull_items;  // one item per call asks for more pages than its request has slots
 };
 
@@ -48,10 +47,10 @@ struct Coverage {
   int hits = 0;
   int empties_used = 0;
   int evictions = 0;
-  int wide_buckets = 0;        // eviction with bucket width > 1
-  int partial_boundary = 0;    // last bucket only partly taken
-  int ordered_boundary = 0;    // two or more victims from the last bucket (their order matters)
-  int whole_buckets = 0;       // victims from buckets before the last one
+  int wide_buckets = 0;      // eviction with bucket width > 1
+  int partial_boundary = 0;  // last bucket only partly taken
+  int ordered_boundary = 0;  // two or more victims from the last bucket (their order matters)
+  int whole_buckets = 0;     // victims from buckets before the last one
   int error_items = 0;
 };
 
@@ -115,8 +114,9 @@ void order_last_bucket(const std::vector<kv::LruCandidate>& candidates, uint32_t
   std::sort(first_last, victims.end(),
             [&](uint32_t a, uint32_t b) { return by_slot.at(a).logical < by_slot.at(b).logical; });
 
-  const auto in_last = std::count_if(candidates.begin(), candidates.end(),
-                                     [&](const kv::LruCandidate& c) { return bucket(c.slot) == last; });
+  const auto in_last =
+      std::count_if(candidates.begin(), candidates.end(),
+                    [&](const kv::LruCandidate& c) { return bucket(c.slot) == last; });
   cov.wide_buckets += width > 1;
   cov.partial_boundary += in_last > victims.end() - first_last;
   cov.ordered_boundary += victims.end() - first_last >= 2;
@@ -271,8 +271,8 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       for (int j = 0; j < slots; ++j) {
         const int32_t page = ref_page[slot_state(j)];
         if (page >= 0 && !needed_slot[j])
-          candidates.push_back({ref_stamp[slot_state(j)], static_cast<uint32_t>(page),
-                                static_cast<uint32_t>(j)});
+          candidates.push_back(
+              {ref_stamp[slot_state(j)], static_cast<uint32_t>(page), static_cast<uint32_t>(j)});
       }
       std::vector<uint32_t> victims;
       picker.pick(candidates, now[seq], static_cast<uint32_t>(missed.size() - free_slots.size()),
@@ -355,7 +355,8 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       p.slot_page = d_slot_page.get();
       p.slot_stamp = d_slot_stamp.get();
       p.host_pool = reinterpret_cast<const __nv_bfloat16*>(
-          static_cast<const unsigned char*>(host.device_view()) + layer * host_layer_pages * page_bytes);
+          static_cast<const unsigned char*>(host.device_view()) +
+          layer * host_layer_pages * page_bytes);
       p.device_pool = reinterpret_cast<__nv_bfloat16*>(device_pool.get() +
                                                        layer * device_layer_pages * page_bytes);
       p.out_pages = d_out.get();
@@ -382,7 +383,10 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       bool same = got_error[0] == expect_error;
       same &= same_or_report("out_pages", expect_out, d_out.download(), describe_out);
       same &= same_or_report("counters", ref_counters, d_counters.download(), [](size_t i) {
-        return "seq " + std::to_string(i / 3) + (i % 3 == 0 ? " hits" : i % 3 == 1 ? " misses" : " evictions");
+        return "seq " + std::to_string(i / 3) +
+               (i % 3 == 0   ? " hits"
+                : i % 3 == 1 ? " misses"
+                             : " evictions");
       });
       same &= same_or_report("slot_page", ref_page, d_slot_page.download(), describe_state);
       same &= same_or_report("slot_stamp", ref_stamp, d_slot_stamp.download(), describe_state);
@@ -393,9 +397,9 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
         if (std::memcmp(got_pool.data() + at, expect_pool.data() + at, page_bytes) == 0) continue;
         if (bad_pages < 8) {
           const size_t in_layer = page % device_layer_pages;
-          ADD_FAILURE() << "device pool page " << in_layer << " of layer " << page / device_layer_pages
-                        << " (" << owner[in_layer / heads] << " head " << in_layer % heads
-                        << ") differs from the host tier page its slot holds";
+          ADD_FAILURE() << "device pool page " << in_layer << " of layer "
+                        << page / device_layer_pages << " (" << owner[in_layer / heads] << " head "
+                        << in_layer % heads << ") differs from the host tier page its slot holds";
         }
         ++bad_pages;
       }
@@ -425,7 +429,7 @@ TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtDefaultPageShape) {
 TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtMostSlots) {
   // A request with kMaxCacheSlots slots (every thread holds its full share), one with a single
   // slot, one just past a thread's share; the default 64 buckets with jumps up to 40 steps.
-  const TraceShape shape{8,  64, 2, 1, 64, {cuda::kMaxCacheSlots, 1, 513}, {5000, 3, 700},
+  const TraceShape shape{8,  64, 2,    1, 64, {cuda::kMaxCacheSlots, 1, 513}, {5000, 3, 700},
                          10, 40, false};
   Coverage cov;
   run_trace(shape, cov);
@@ -439,8 +443,8 @@ TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtMostSlots) {
 TEST_F(GpuPageCache, OverfullItemSetsErrorAndOthersProceed) {
   // One item per call needs more pages than its request has slots; the request with
   // kMaxCacheSlots + 1 slots is an error item in every call. Their slots stay as they were.
-  const TraceShape shape{8,  32, 2, 2, 8, {3, 40, cuda::kMaxCacheSlots + 1, 200},
-                         {8, 60, 4200, 260}, 6, 5, true};
+  const TraceShape shape{
+      8, 32, 2, 2, 8, {3, 40, cuda::kMaxCacheSlots + 1, 200}, {8, 60, 4200, 260}, 6, 5, true};
   Coverage cov;
   run_trace(shape, cov);
   if (HasFatalFailure()) return;
@@ -480,7 +484,11 @@ TEST_F(GpuPageCache, RejectsBadParams) {
       {"negative layer", [](auto& p) { p.layer = -1; }},
       {"head_dim 0", [](auto& p) { p.head_dim = 0; }},
       {"page_size 0", [](auto& p) { p.page_size = 0; }},
-      {"page bytes not a multiple of 16", [](auto& p) { p.page_size = 1; p.head_dim = 2; }},
+      {"page bytes not a multiple of 16",
+       [](auto& p) {
+         p.page_size = 1;
+         p.head_dim = 2;
+       }},
       {"page_size too large", [](auto& p) { p.page_size = 2048; }},
       {"zero buckets", [](auto& p) { p.buckets = 0; }},
       {"too many buckets", [](auto& p) { p.buckets = cuda::kMaxLruBuckets + 1; }},
@@ -505,7 +513,8 @@ TEST_F(GpuPageCache, RejectsBadParams) {
   cuda::PageCacheParams empty = valid;
   empty.num_seqs = 0;
   empty.needed = nullptr;
-  EXPECT_EQ(cuda::retrieve_cached_pages(empty, nullptr), cudaSuccess) << "no requests: nothing to do";
+  EXPECT_EQ(cuda::retrieve_cached_pages(empty, nullptr), cudaSuccess)
+      << "no requests: nothing to do";
   CUDA_OK(cudaDeviceSynchronize());
 }
 

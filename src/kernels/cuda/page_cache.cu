@@ -1,9 +1,8 @@
-#include "kernels/cuda/page_cache.h"
-
+#include <climits>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <climits>
+#include "kernels/cuda/page_cache.h"
 
 namespace spin::cuda {
 
@@ -75,7 +74,8 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
 // collective depends only on values all threads read alike (the item's counts) or on block
 // totals, so control flow around barriers is uniform. Two blocks per SM (64 registers) keep more
 // host reads in flight than one.
-__global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p) {
+__global__ void __launch_bounds__(kThreads, 2)
+    retrieve_cached_pages_kernel(const PageCacheParams p) {
   __shared__ Shared sh;
   const int tid = threadIdx.x;
   const int item = blockIdx.x;
@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
     for (int i = 0; i < kPerThread; ++i)
       if ((candidate_mask >> i) & 1u) local_oldest = min(local_oldest, stamp[i]);
     if (local_oldest < now) atomicMin(&sh.oldest, local_oldest);
-    for (int b = tid; b < static_cast<int>(buckets); b += kThreads) sh.select.scratch.histogram[b] = 0;
+    for (int b = tid; b < static_cast<int>(buckets); b += kThreads)
+      sh.select.scratch.histogram[b] = 0;
     __syncthreads();
 
     const uint32_t oldest = sh.oldest;
@@ -228,7 +229,8 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
     for (int i = 0; i < kPerThread; ++i) {
       const bool candidate = (candidate_mask >> i) & 1u;
       whole[i] = candidate && bucket[i] < boundary;
-      if (candidate && bucket[i] == boundary) local_max = max(local_max, static_cast<uint32_t>(page[i]));
+      if (candidate && bucket[i] == boundary)
+        local_max = max(local_max, static_cast<uint32_t>(page[i]));
     }
     if (local_max > 0) atomicMax(&sh.max_logical, local_max);
     Scan(sh.scan).ExclusiveSum(whole, whole);
@@ -336,7 +338,8 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
-  // Page size and head_dim up to 1024 keep a page's 16-byte vectors times kMaxCacheSlots in 32 bits.
+  // Page size and head_dim up to 1024 keep a page's 16-byte vectors times kMaxCacheSlots in 32
+  // bits.
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
       p.page_size > 1024 || (p.page_size * p.head_dim) % 4 != 0 || p.buckets < 1 ||
@@ -346,8 +349,8 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
   if (items > INT_MAX) return cudaErrorInvalidValue;
   if (items == 0) return cudaSuccess;
   if (!p.needed || !p.needed_offsets || !p.needed_counts || !p.cache_groups || !p.cache_offsets ||
-      !p.host_groups || !p.host_offsets || !p.now || !p.slot_page || !p.slot_stamp || !p.host_pool ||
-      !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
+      !p.host_groups || !p.host_offsets || !p.now || !p.slot_page || !p.slot_stamp ||
+      !p.host_pool || !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
       !aligned16(p.host_pool) || !aligned16(p.device_pool))
     return cudaErrorInvalidValue;
   retrieve_cached_pages_kernel<<<static_cast<unsigned>(items), kThreads, 0, stream>>>(p);
