@@ -1,8 +1,9 @@
-#include <climits>
+#include "kernels/cuda/page_cache.h"
+
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/cuda/page_cache.h"
+#include <climits>
 
 namespace spin::cuda {
 
@@ -338,8 +339,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
-  // Page size and head_dim up to 1024 keep a page's 16-byte vectors times kMaxCacheSlots in 32
-  // bits.
+  // Page size and head_dim up to 1024 keep misses * 16-byte vectors per page within 32 bits.
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
       p.page_size > 1024 || (p.page_size * p.head_dim) % 4 != 0 || p.buckets < 1 ||
