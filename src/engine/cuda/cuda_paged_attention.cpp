@@ -360,7 +360,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     slot_stamp_.reserve(state, "KV cache slot stamps");
     cuda_check(cudaMemset(slot_page_.get(), 0xff, slot_page_.bytes()), "KV cache slot table clear");
     cuda_check(cudaMemset(slot_stamp_.get(), 0, slot_stamp_.bytes()), "KV cache slot stamps clear");
-    max_cache_slots_ = std::min<int64_t>(groups_.capacity(), 2 * cuda::kMaxSelectedPages);
+    max_cache_slots_ = std::min<int64_t>(groups_.capacity(), cuda::kMaxCacheSlots);
   }
   // The clears run on the legacy stream, which the model's non-blocking stream does not wait for.
   cuda_check(cudaDeviceSynchronize(), "KV pool clear");
