@@ -5,6 +5,8 @@
 
 #include <climits>
 
+#include "kernels/cuda/host_pages.cuh"
+
 namespace spin::cuda {
 
 namespace {
@@ -47,14 +49,6 @@ struct Shared {
   uint32_t boundary;
   uint32_t taken;
 };
-
-__device__ __forceinline__ uint4 load_host(const uint4* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
-}
 
 // First index in sorted[0, n) whose value is >= key.
 __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t key) {
@@ -309,29 +303,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
 
   // Zero-copy gather of the misses: the block's threads stream each page's 16-byte vectors,
-  // kUnroll loads in flight per thread. m * vecs_per_page < 2^31 (host check on the page size).
-  const uint32_t vecs_per_page = static_cast<uint32_t>(p.page_size * p.head_dim / 4);
-  const uint32_t total = static_cast<uint32_t>(misses) * vecs_per_page;
+  // kUnroll loads in flight per thread.
+  const int64_t vecs_per_page = p.page_size * p.head_dim / 4;
+  const int64_t total = static_cast<int64_t>(misses) * vecs_per_page;
   const auto* src = reinterpret_cast<const uint4*>(p.host_pool);
   auto* dst = reinterpret_cast<uint4*>(p.device_pool);
-  for (uint32_t base = tid; base < total; base += kThreads * kUnroll) {
-    uint4 v[kUnroll];
-    int64_t to[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const uint32_t idx = base + u * kThreads;
-      to[u] = -1;
-      if (idx < total) {
-        const uint32_t r = idx / vecs_per_page;
-        const uint32_t off = idx - r * vecs_per_page;
-        v[u] = load_host(src + static_cast<int64_t>(sh.copy.src[r]) * vecs_per_page + off);
-        to[u] = static_cast<int64_t>(sh.copy.dst[r]) * vecs_per_page + off;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (to[u] >= 0) dst[to[u]] = v[u];
-  }
+  copy_host_pages<kUnroll>(
+      src, dst, tid, total, kThreads, vecs_per_page, [&](int64_t r) { return sh.copy.src[r]; },
+      [&](int64_t r) { return sh.copy.dst[r]; });
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
