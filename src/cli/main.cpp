@@ -1,8 +1,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -19,8 +22,15 @@ int main(int argc, char** argv) {
   spin::cli::add_serve_command(app);
   spin::cli::add_bench_command(app);
   spin::cli::add_eval_command(app);
+  // vLLM's `-tp N` (a two-letter short flag, which CLI11 would read as `-t p`) means --tp N.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::string& arg : args) {
+    if (arg == "-tp" || arg.rfind("-tp=", 0) == 0) arg.insert(0, "-");
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
+  app.name(argv[0]);
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const spin::Error& e) {

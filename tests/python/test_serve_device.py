@@ -123,3 +123,37 @@ def test_unknown_device_is_refused():
                             capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode != 0
     assert "--device" in result.stderr
+
+
+def completion(port, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_tensor_parallel_serves_what_one_rank_serves():
+    """`--tp 2` on the CPU (two ranks, each with half the heads) answers as one rank does; vLLM's
+    `-tp 2` spelling works too. Same dummy weights, greedy, token-id prompts."""
+    body = {"prompt": [1, 7, 42, 99, 3, 250, 17], "max_tokens": 12, "temperature": 0, "logprobs": 3}
+    answers = []
+    for tp in (["--tp", "1"], ["-tp", "2"], ["--tensor-parallel-size", "2"]):
+        proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
+                           "--max-model-len", "256", *tp)
+        try:
+            assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
+            status, answer = completion(port, body)
+            assert status == 200, answer
+            answers.append(answer["choices"][0]["logprobs"])
+        finally:
+            err = stop(proc)
+        assert proc.returncode == 0, err
+        assert ("tensor parallel over 2 ranks" in err) == (tp[1] == "2"), err
+    one = answers[0]
+    for split in answers[1:]:
+        assert split["tokens"] == one["tokens"]
+        for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
+            assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
