@@ -104,9 +104,10 @@ void run_serve(ServeArgs a) {
   http.attach(&engine, model.tokenizer.get(), name, attention);
   const EngineConfig& c = engine.config();
   // The engine's token budget admits contiguous (CPU dense) KV; the paged stores admit by pages.
-  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}{}", c.max_num_seqs,
+  spdlog::info("engine: max-num-seqs {}, max-num-batched-tokens {}, max-model-len {}{}{}", c.max_num_seqs,
                c.max_num_batched_tokens, c.max_model_len,
-               backend.device == "cpu" ? fmt::format(", KV budget {} tokens", c.kv_token_budget) : std::string());
+               backend.device == "cpu" ? fmt::format(", KV budget {} tokens", c.kv_token_budget) : std::string(),
+               c.elastic_kv_buffers ? "" : ", elastic KV buffers off");
   spdlog::info("attention: default '{}'; {}", attention.algorithm, backend.description);
   std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), a.server.host.c_str(), port);
   std::fflush(stdout);
@@ -155,7 +156,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", args->backend.gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, activations and the KV pool (the pool gets the rest)")
       ->capture_default_str();
-  // vLLM's "-tp" is no valid CLI11 2.1 name (one-letter short names only; "-tp" reads as -t p).
+  // vLLM's "-tp" is no valid CLI11 2.1 name; main() rewrites it to --tp.
   cmd->add_option("--tensor-parallel-size,--tp", args->backend.tensor_parallel_size,
                   "split every layer over N ranks (cuda: GPUs 0..N-1 joined by NCCL; cpu: N thread groups); N must "
                   "divide the model's KV heads")
@@ -170,6 +171,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-buffer-factor", args->backend.kv.buffer_factor,
                   "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
       ->capture_default_str();
+  cmd->add_flag("--elastic-kv-buffers,!--no-elastic-kv-buffers", args->engine.elastic_kv_buffers,
+                "paged KV store: grow buffers into free device pages and shrink them to admit requests (default "
+                "on); off: each request keeps its largest buffer from admission on (an ablation)");
   cmd->callback([args] { run_serve(*args); });
 }
 

@@ -70,13 +70,16 @@ def stop(proc):
 
 
 def test_cpu_device_serves_a_dummy_model():
-    proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--max-model-len", "256")
-    assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
-    status, body = get(port, "/v1/models")
-    assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama"
-    err = stop(proc)
-    assert proc.returncode == 0, err
-    assert "device cpu (fp32)" in err
+    for flags in ([], ["--no-elastic-kv-buffers"]):
+        proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--max-model-len",
+                           "256", *flags)
+        assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
+        status, body = get(port, "/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-llama"
+        err = stop(proc)
+        assert proc.returncode == 0, err
+        assert "device cpu (fp32)" in err
+        assert ("elastic KV buffers off" in err) == bool(flags), err
 
 
 def small_gpu_config(tmp_path):
