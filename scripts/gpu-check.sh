@@ -3,6 +3,8 @@
 # builds spin for sm_90, runs every GPU test, runs the GPU kernel benchmarks (spin's kernels and
 # PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
 # SPIN_GPU_BENCH=0 skips the benchmarks (=kernels or =model runs only that part);
+# SPIN_GPU_KERNELS=<dense|sparse|gather|prefill|step> runs one kernel benchmark (default all; the
+# PyTorch side runs with all only);
 # SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
 # SPIN_GPU_PREBUILT=<dir> uses binaries built elsewhere (scripts/gpu-prebuild.sh: bin/, tests/)
 # instead of building here, which saves the device minutes of compiling.
@@ -31,14 +33,17 @@ else
 fi
 
 status=0
-$bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
+timeout 300 $bin/tests/spin_gpu_tests --gtest_filter="${SPIN_GPU_FILTER:-*}" --gtest_output=json:"$out/gpu_tests.json" 2>&1 | tee "$out/gpu_tests.log" || status=1
 
 bench=${SPIN_GPU_BENCH:-1}
 if [ "$bench" = 1 ] || [ "$bench" = kernels ]; then
   echo "== spin kernel benchmarks"
-  $bin/bin/spin_bench_gpu_kernels all "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
-  echo "== PyTorch SDPA on the same shapes"
-  PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_bench.py "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || status=1
+  kernels=${SPIN_GPU_KERNELS:-all}
+  $bin/bin/spin_bench_gpu_kernels "$kernels" "$out/spin_kernels.csv" 2>&1 | tee "$out/spin_kernels.log" || status=1
+  if [ "$kernels" = all ]; then
+    echo "== PyTorch SDPA on the same shapes"
+    PYTHONUNBUFFERED=1 python3 bench/gpu/sdpa_bench.py "$out/sdpa.csv" 2>&1 | tee "$out/sdpa.log" || status=1
+  fi
 fi
 if [ "$bench" = 1 ] || [ "$bench" = model ]; then
   # The bf16 forward pass on dummy weights made on the device: decode tok/s against the bytes a

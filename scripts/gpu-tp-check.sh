@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a machine with 2 (or more) GPUs, with binaries built elsewhere
 # (scripts/gpu-prebuild.sh stages them in .gpu-bin/; the device call carries .gpu-bin and
-# .gpu-deps): every GPU test (the tensor-parallel and NCCL ones included), then dummy Qwen3-32B
-# decode at tp=1, 2 and (with 4 GPUs) 4 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA
-# graphs, and a short scaling table last (rows that do not fit one GPU's KV pool show '-').
+# .gpu-deps): the tensor-parallel and NCCL GPU tests, then (when they pass) dummy Qwen3-32B decode
+# at tp=1, 2 and (with 4 GPUs) 4 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA graphs,
+# and a short scaling table last (rows that do not fit one GPU's KV pool show '-'). The one-GPU
+# tests are scripts/gpu-check.sh's.
 # A step that outlives its time limit gets its threads' stacks printed (gdb or eu-stack when the
 # machine has one, else each thread's kernel wait channel) before it is killed.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Results go to $OUT when set.
@@ -80,8 +81,13 @@ for block in re.split(r"\n(?=TID )", sys.stdin.read()):
 }
 
 status=0
-echo "== GPU tests ($gpus GPUs)"
-limited 240 "$out/gpu_tests.log" "$bin/tests/spin_gpu_tests" --gtest_output=json:"$out/gpu_tests.json" || status=1
+echo "== tensor-parallel and NCCL GPU tests ($gpus GPUs)"
+limited 150 "$out/tp_tests.log" "$bin/tests/spin_gpu_tests" --gtest_filter='*TensorParallel*:Nccl*' \
+  --gtest_output=json:"$out/tp_tests.json" || status=1
+if [ "$status" != 0 ]; then
+  echo "== the tests failed: no benchmarks"
+  exit 1
+fi
 
 # Decode only (the prefill rows are skipped with a tiny --prefill); 16 timed steps x 2 repeats.
 bench=("$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8 32

@@ -6,6 +6,10 @@
 //     copy; (d) causal prefill attention over paged KV (rows `prefill`: the `bytes` column holds
 //     the causal FLOPs 2*2*heads*d*n^2/2 and `gbps` GFLOP/s). Timing: a CUDA graph of `reps_per_graph` calls rotating over input copies (so L2 holds
 //     none of them), warm-up replays, then the median over >= 25 timed replays with events.
+// (e) one layer's sparse decode step on the GPU (Quest scoring, top-k select, retrieve through
+//     the page cache, attention) against dense attention over the whole context and against the
+//     ideal envelope of SPEC.md (attention over the selected pages + the pages Belady's optimal
+//     replacement would fetch, at the bulk host->device copy rate measured in the same run).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -13,15 +17,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/gather.h"
+#include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/sparse_select.h"
 
 namespace {
 
@@ -471,6 +481,368 @@ void bench_prefill(cudaStream_t stream, std::mt19937& rng) {
 
 }  // namespace
 
+// Pages Belady's replacement (evict the page needed farthest in the future) fetches for one
+// item's sequence of needed sets (each sorted), counted from step `first_counted` on, with
+// `slots` slots. The cache is a set ordered by next use.
+int64_t belady_misses(const std::vector<std::vector<int32_t>>& needed, int slots, int first_counted) {
+  const int steps = static_cast<int>(needed.size());
+  std::unordered_map<int32_t, std::vector<int>> uses;
+  for (int t = 0; t < steps; ++t)
+    for (int32_t p : needed[t]) uses[p].push_back(t);
+  auto next_use = [&](int32_t p, int t) {
+    const std::vector<int>& u = uses[p];
+    const auto it = std::upper_bound(u.begin(), u.end(), t);
+    return it == u.end() ? steps : *it;
+  };
+  std::set<std::pair<int, int32_t>> cache;  // (next use, page)
+  std::unordered_map<int32_t, int> key;     // page -> its next use in `cache`
+  int64_t misses = 0;
+  for (int t = 0; t < steps; ++t) {
+    int step_misses = 0;
+    for (int32_t p : needed[t]) {
+      const auto it = key.find(p);
+      if (it == key.end()) {
+        ++step_misses;
+      } else {
+        cache.erase({it->second, p});  // needed now: not a candidate
+      }
+    }
+    if (t >= first_counted) misses += step_misses;
+    const int resident = static_cast<int>(key.size()) + step_misses;
+    for (int e = 0; e < resident - slots && !cache.empty(); ++e) {
+      const auto victim = std::prev(cache.end());
+      key.erase(victim->second);
+      cache.erase(victim);
+    }
+    for (int32_t p : needed[t]) {
+      const int k = next_use(p, t);
+      key[p] = k;
+      cache.insert({k, p});
+    }
+  }
+  return misses;
+}
+
+__global__ void drift_queries(__nv_bfloat16* q, size_t n, uint32_t seed, float amount) {
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n; i += size_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float noise = (static_cast<float>(h & 0xffff) / 65536.0f - 0.5f) * 3.0f;
+    q[i] = __float2bfloat16(__bfloat162float(q[i]) * (1.0f - amount) + noise * amount);
+  }
+}
+
+// (e) Qwen3-14B's attention shape (40 query / 8 KV heads, d=128), pages of 16, 2K-token budget
+// (128 pages) per KV head, 1 sink page and 3 window pages always resident, a cache of 5x the
+// budget per KV head (buffer 5x mandatory) plus the budget itself. Each step the queries drift
+// (q <- 0.85 q + 0.15 noise), which gives the selections step-to-step locality; 8 warm-up steps
+// fill the caches, 16 steps are timed phase by phase with events.
+void bench_step(cudaStream_t stream, std::mt19937& rng) {
+  namespace sc = spin::cuda;
+  const int heads = 8, group = 5, d = 128, page = 16, budget_pages = 128, sink = 1, window = 3;
+  const int slots = budget_pages * 6, warm_steps = 8, timed_steps = 16;
+  const size_t page_bytes = size_t{2} * page * d * 2;
+  const size_t page_elems = page_bytes / 2;
+  // Bulk host->device rate for the ideal envelope, measured here.
+  double link_gbps = 0;
+  {
+    const size_t bytes = size_t{256} << 20;
+    char* host = nullptr;
+    char* dev = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+    CHECK_CUDA(cudaMalloc(&dev, bytes));
+    std::memset(host, 1, bytes);
+    const double t = time_direct(stream, [&] {
+      CHECK_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+    });
+    link_gbps = bytes / (t * 1e-6) / 1e9;
+    emit("step", "bulk 256MB", "host->device copy", t, static_cast<double>(bytes));
+    cudaFree(dev);
+    cudaFreeHost(host);
+  }
+  for (int context : {32768, 131072}) {
+    for (int batch : {1, 8, 32}) {
+      const int P = context / page;  // pages per (request, KV head)
+      const int items = batch * heads;
+      const int list_len = sink + budget_pages + window;
+      const int chunks = P / sc::kSummaryChunkPages;
+      char config[64];
+      std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
+
+      // The whole context of every request: device pool (dense attention reads it and Quest
+      // indexes it) and the same bytes in the host tier (pinned, mapped), page id p * heads + h
+      // for page p = seq * P + logical page.
+      const size_t ctx_pages = static_cast<size_t>(batch) * P * heads;
+      __nv_bfloat16 *full = nullptr, *host = nullptr, *host_dev = nullptr;
+      CHECK_CUDA(cudaMalloc(&full, ctx_pages * page_bytes));
+      fill(full, ctx_pages * page_elems, 21);
+      CHECK_CUDA(cudaHostAlloc(&host, ctx_pages * page_bytes, cudaHostAllocMapped));
+      CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0));
+      CHECK_CUDA(cudaMemcpy(host, full, ctx_pages * page_bytes, cudaMemcpyDeviceToHost));
+
+      // Quest summaries of every page (not timed: Index runs once per page as it completes).
+      __nv_bfloat16* summaries = nullptr;
+      CHECK_CUDA(cudaMalloc(&summaries, ctx_pages * 2 * d * 2));
+      {
+        std::vector<int32_t> src(ctx_pages), dst(ctx_pages);
+        for (int s = 0; s < batch; ++s)
+          for (int p = 0; p < P; ++p)
+            for (int h = 0; h < heads; ++h) {
+              const size_t i = (static_cast<size_t>(s) * P + p) * heads + h;
+              src[i] = static_cast<int32_t>(i);
+              const int chunk = s * chunks + p / sc::kSummaryChunkPages;
+              dst[i] = (chunk * heads + h) * sc::kSummaryChunkPages + p % sc::kSummaryChunkPages;
+            }
+        int32_t *d_src, *d_dst;
+        CHECK_CUDA(cudaMalloc(&d_src, ctx_pages * 4));
+        CHECK_CUDA(cudaMalloc(&d_dst, ctx_pages * 4));
+        CHECK_CUDA(cudaMemcpy(d_src, src.data(), ctx_pages * 4, cudaMemcpyHostToDevice));
+        CHECK_CUDA(cudaMemcpy(d_dst, dst.data(), ctx_pages * 4, cudaMemcpyHostToDevice));
+        sc::QuestIndexParams ip;
+        ip.kv_pool = full;
+        ip.src_pages = d_src;
+        ip.dst_entries = d_dst;
+        ip.num_pages = static_cast<int>(ctx_pages);
+        ip.head_dim = d;
+        ip.page_size = page;
+        ip.summaries = summaries;
+        CHECK_CUDA(sc::quest_index_pages(ip, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        cudaFree(d_src);
+        cudaFree(d_dst);
+      }
+
+      // Device tier of the sparse path: per request 1 sink + 3 window groups, then its cache slots.
+      const int groups_per_seq = sink + window + slots;
+      const size_t dev_pages = static_cast<size_t>(batch) * groups_per_seq * heads;
+      __nv_bfloat16* pool = nullptr;
+      CHECK_CUDA(cudaMalloc(&pool, dev_pages * page_bytes));
+      fill(pool, dev_pages * page_elems, 22);
+      std::vector<int32_t> h_list(static_cast<size_t>(items) * list_len, -1), list_off(items + 1), out_off(items),
+          ntok(items, list_len * page), need_off(items), need_cnt(items, budget_pages), cache_groups, cache_off{0},
+          host_groups, host_off(batch), dir, dir_off(batch), first(batch, sink), end(batch, P - window);
+      for (int s = 0; s < batch; ++s) {
+        const int g0 = s * groups_per_seq;
+        for (int j = 0; j < slots; ++j) cache_groups.push_back(g0 + sink + window + j);
+        cache_off.push_back(static_cast<int32_t>(cache_groups.size()));
+        host_off[s] = static_cast<int32_t>(host_groups.size());
+        for (int p = 0; p < P; ++p) host_groups.push_back(s * P + p);
+        dir_off[s] = static_cast<int32_t>(dir.size());
+        for (int c = 0; c < chunks; ++c) dir.push_back(s * chunks + c);
+        for (int h = 0; h < heads; ++h) {
+          const int i = s * heads + h;
+          int32_t* list = h_list.data() + static_cast<size_t>(i) * list_len;
+          list[0] = g0 * heads + h;  // sink
+          for (int w = 0; w < window; ++w) list[list_len - window + w] = (g0 + sink + w) * heads + h;
+          list_off[i] = i * list_len;
+          out_off[i] = i * list_len + sink;
+          need_off[i] = i * budget_pages;
+        }
+      }
+      list_off[items] = items * list_len;
+      auto upload = [](const auto& v) {
+        using T = typename std::decay_t<decltype(v)>::value_type;
+        T* p = nullptr;
+        CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)));
+        CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+        return p;
+      };
+      int32_t *d_list = upload(h_list), *d_list_off = upload(list_off), *d_out_off = upload(out_off),
+              *d_ntok = upload(ntok), *d_need_off = upload(need_off), *d_need_cnt = upload(need_cnt),
+              *d_cache_groups = upload(cache_groups), *d_cache_off = upload(cache_off),
+              *d_host_groups = upload(host_groups), *d_host_off = upload(host_off), *d_dir = upload(dir),
+              *d_dir_off = upload(dir_off), *d_first = upload(first), *d_end = upload(end);
+      const size_t state_entries = static_cast<size_t>(batch) * groups_per_seq * heads;
+      int32_t *d_slot_page = nullptr, *d_needed = nullptr, *d_error = nullptr;
+      uint32_t *d_stamp = nullptr, *d_now = nullptr;
+      unsigned long long* d_counters = nullptr;
+      float* d_scores = nullptr;
+      __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
+      CHECK_CUDA(cudaMalloc(&d_slot_page, state_entries * 4));
+      CHECK_CUDA(cudaMemset(d_slot_page, 0xff, state_entries * 4));
+      CHECK_CUDA(cudaMalloc(&d_stamp, state_entries * 4));
+      CHECK_CUDA(cudaMemset(d_stamp, 0, state_entries * 4));
+      CHECK_CUDA(cudaMalloc(&d_now, batch * 4));
+      CHECK_CUDA(cudaMalloc(&d_needed, static_cast<size_t>(items) * budget_pages * 4));
+      CHECK_CUDA(cudaMalloc(&d_error, 4));
+      CHECK_CUDA(cudaMemset(d_error, 0, 4));
+      CHECK_CUDA(cudaMalloc(&d_counters, batch * 3 * 8));
+      CHECK_CUDA(cudaMemset(d_counters, 0, batch * 3 * 8));
+      CHECK_CUDA(cudaMalloc(&d_scores, static_cast<size_t>(items) * P * 4));
+      const size_t q_elems = static_cast<size_t>(items) * group * d;
+      CHECK_CUDA(cudaMalloc(&d_q, q_elems * 2));
+      CHECK_CUDA(cudaMalloc(&d_out, q_elems * 2));
+      fill(d_q, q_elems, 23);
+
+      sc::QuestScoreParams qs;
+      qs.q = d_q;
+      qs.summaries = summaries;
+      qs.summary_dir = d_dir;
+      qs.dir_offsets = d_dir_off;
+      qs.first_candidate = d_first;
+      qs.end_candidate = d_end;
+      qs.num_seqs = batch;
+      qs.num_kv_heads = heads;
+      qs.group = group;
+      qs.head_dim = d;
+      qs.max_candidates = P;
+      qs.scores = d_scores;
+      sc::SelectTopParams st;
+      st.scores = d_scores;
+      st.max_candidates = P;
+      st.first_candidate = d_first;
+      st.end_candidate = d_end;
+      st.counts = d_need_cnt;
+      st.out_offsets = d_need_off;
+      st.num_seqs = batch;
+      st.num_kv_heads = heads;
+      st.out_pages = d_needed;
+      sc::PageCacheParams pc;
+      pc.num_seqs = batch;
+      pc.num_kv_heads = heads;
+      pc.num_layers = 1;
+      pc.layer = 0;
+      pc.head_dim = d;
+      pc.page_size = page;
+      pc.needed = d_needed;
+      pc.needed_offsets = d_need_off;
+      pc.needed_counts = d_need_cnt;
+      pc.cache_groups = d_cache_groups;
+      pc.cache_offsets = d_cache_off;
+      pc.host_groups = d_host_groups;
+      pc.host_offsets = d_host_off;
+      pc.now = d_now;
+      pc.slot_page = d_slot_page;
+      pc.slot_stamp = d_stamp;
+      pc.host_pool = host_dev;
+      pc.device_pool = pool;
+      pc.out_pages = d_list;
+      pc.out_offsets = d_out_off;
+      pc.counters = d_counters;
+      pc.error = d_error;
+      sc::PagedDecodeParams ap;
+      ap.q = d_q;
+      ap.kv_pool = pool;
+      ap.page_ids = d_list;
+      ap.list_offsets = d_list_off;
+      ap.num_tokens = d_ntok;
+      ap.num_seqs = batch;
+      ap.num_kv_heads = heads;
+      ap.group = group;
+      ap.head_dim = d;
+      ap.page_size = page;
+      ap.max_tokens = list_len * page;
+      ap.scale = 1.0f / std::sqrt(static_cast<float>(d));
+      const size_t ws_bytes = sc::paged_decode_workspace_bytes(ap);
+      void* ws = nullptr;
+      if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+
+      cudaEvent_t ev[5];
+      for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
+      std::vector<std::vector<double>> phase(4);
+      std::vector<std::vector<std::vector<int32_t>>> trace(items);
+      std::vector<int32_t> needed_host(static_cast<size_t>(items) * budget_pages);
+      std::vector<unsigned long long> counters_before(batch * 3), counters_after(batch * 3);
+      for (int step = 0; step < warm_steps + timed_steps; ++step) {
+        std::vector<uint32_t> now(batch, static_cast<uint32_t>(step + 1));
+        CHECK_CUDA(cudaMemcpy(d_now, now.data(), batch * 4, cudaMemcpyHostToDevice));
+        drift_queries<<<256, 256, 0, stream>>>(d_q, q_elems, 1000u + static_cast<uint32_t>(step), 0.15f);
+        CHECK_CUDA(cudaGetLastError());
+        if (step == warm_steps)
+          CHECK_CUDA(cudaMemcpy(counters_before.data(), d_counters, batch * 3 * 8, cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaEventRecord(ev[0], stream));
+        CHECK_CUDA(sc::quest_score_pages(qs, stream));
+        CHECK_CUDA(cudaEventRecord(ev[1], stream));
+        CHECK_CUDA(sc::select_top_pages(st, stream));
+        CHECK_CUDA(cudaEventRecord(ev[2], stream));
+        CHECK_CUDA(sc::retrieve_cached_pages(pc, stream));
+        CHECK_CUDA(cudaEventRecord(ev[3], stream));
+        CHECK_CUDA(sc::paged_decode_attention(ap, d_out, ws, ws_bytes, stream));
+        CHECK_CUDA(cudaEventRecord(ev[4], stream));
+        CHECK_CUDA(cudaEventSynchronize(ev[4]));
+        if (step >= warm_steps) {
+          for (int k = 0; k < 4; ++k) {
+            float ms = 0;
+            CHECK_CUDA(cudaEventElapsedTime(&ms, ev[k], ev[k + 1]));
+            phase[k].push_back(ms * 1e3);
+          }
+        }
+        CHECK_CUDA(cudaMemcpy(needed_host.data(), d_needed, needed_host.size() * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < items; ++i)
+          trace[i].emplace_back(needed_host.begin() + static_cast<ptrdiff_t>(i) * budget_pages,
+                                needed_host.begin() + static_cast<ptrdiff_t>(i + 1) * budget_pages);
+      }
+      int error = 0;
+      CHECK_CUDA(cudaMemcpy(&error, d_error, 4, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(counters_after.data(), d_counters, batch * 3 * 8, cudaMemcpyDeviceToHost));
+      uint64_t hits = 0, misses = 0;
+      for (int s = 0; s < batch; ++s) {
+        hits += counters_after[s * 3] - counters_before[s * 3];
+        misses += counters_after[s * 3 + 1] - counters_before[s * 3 + 1];
+      }
+      int64_t optimal = 0;
+      for (int i = 0; i < items; ++i) optimal += belady_misses(trace[i], slots, warm_steps);
+
+      // Dense attention over every page of the context (the vLLM-style baseline of this layer).
+      std::vector<int32_t> dense_ids(ctx_pages), dense_off(items + 1), dense_tok(items, context);
+      for (int i = 0; i < items; ++i) {
+        const int s = i / heads, h = i % heads;
+        for (int p = 0; p < P; ++p) dense_ids[static_cast<size_t>(i) * P + p] = (s * P + p) * heads + h;
+        dense_off[i + 1] = (i + 1) * P;
+      }
+      int32_t *dd_ids = upload(dense_ids), *dd_off = upload(dense_off), *dd_tok = upload(dense_tok);
+      sc::PagedDecodeParams dp = ap;
+      dp.kv_pool = full;
+      dp.page_ids = dd_ids;
+      dp.list_offsets = dd_off;
+      dp.num_tokens = dd_tok;
+      dp.max_tokens = context;
+      const size_t dws_bytes = sc::paged_decode_workspace_bytes(dp);
+      void* dws = nullptr;
+      if (dws_bytes) CHECK_CUDA(cudaMalloc(&dws, dws_bytes));
+      const double t_dense = time_direct(stream, [&] {
+        CHECK_CUDA(sc::paged_decode_attention(dp, d_out, dws, dws_bytes, stream));
+      });
+
+      const double t_score = median(phase[0]), t_select = median(phase[1]), t_retrieve = median(phase[2]),
+                   t_attend = median(phase[3]);
+      const double t_sparse = t_score + t_select + t_retrieve + t_attend;
+      const double optimal_bytes_per_step = static_cast<double>(optimal) * page_bytes / timed_steps;
+      const double t_ideal = t_attend + optimal_bytes_per_step / (link_gbps * 1e9) * 1e6;
+      const double miss_bytes_per_step = static_cast<double>(misses) * page_bytes / timed_steps;
+      emit("step", config, "dense attention", t_dense, static_cast<double>(ctx_pages) * page_bytes);
+      emit("step", config, "sparse score", t_score, static_cast<double>(items) * (P - sink - window) * 2 * d * 2);
+      emit("step", config, "sparse select", t_select, static_cast<double>(items) * P * 4);
+      emit("step", config, "sparse retrieve", t_retrieve, miss_bytes_per_step);
+      emit("step", config, "sparse attention", t_attend, static_cast<double>(items) * list_len * page_bytes);
+      emit("step", config, "sparse total", t_sparse, static_cast<double>(items) * list_len * page_bytes);
+      emit("step", config, "ideal envelope", t_ideal, static_cast<double>(items) * list_len * page_bytes);
+      std::printf("step     %-28s hit rate %.3f, Belady hit rate %.3f, measured/ideal %.2f, dense/sparse %.2f%s\n",
+                  config, hits + misses ? static_cast<double>(hits) / (hits + misses) : 0.0,
+                  1.0 - static_cast<double>(optimal) / (static_cast<double>(items) * budget_pages * timed_steps),
+                  t_sparse / t_ideal, t_dense / t_sparse, error ? " (CACHE ERROR FLAG SET)" : "");
+      std::fflush(stdout);
+
+      for (auto& e : ev) cudaEventDestroy(e);
+      for (void* p : {static_cast<void*>(full), static_cast<void*>(summaries), static_cast<void*>(pool),
+                      static_cast<void*>(d_list), static_cast<void*>(d_list_off), static_cast<void*>(d_out_off),
+                      static_cast<void*>(d_ntok), static_cast<void*>(d_need_off), static_cast<void*>(d_need_cnt),
+                      static_cast<void*>(d_cache_groups), static_cast<void*>(d_cache_off),
+                      static_cast<void*>(d_host_groups), static_cast<void*>(d_host_off), static_cast<void*>(d_dir),
+                      static_cast<void*>(d_dir_off), static_cast<void*>(d_first), static_cast<void*>(d_end),
+                      static_cast<void*>(d_slot_page), static_cast<void*>(d_needed), static_cast<void*>(d_error),
+                      static_cast<void*>(d_stamp), static_cast<void*>(d_now), static_cast<void*>(d_counters),
+                      static_cast<void*>(d_scores), static_cast<void*>(d_q), static_cast<void*>(d_out), ws,
+                      static_cast<void*>(dd_ids), static_cast<void*>(dd_off), static_cast<void*>(dd_tok), dws})
+        cudaFree(p);
+      cudaFreeHost(host);
+    }
+  }
+  (void)rng;
+}
+
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
   const char* csv_path = argc > 2 ? argv[2] : nullptr;
@@ -487,6 +859,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "sparse") bench_sparse(stream, rng);
   if (what == "all" || what == "gather") bench_gather(stream, rng);
   if (what == "all" || what == "prefill") bench_prefill(stream, rng);
+  if (what == "all" || what == "step") bench_step(stream, rng);
   if (csv_path) std::fclose(g_csv);
   return 0;
 }

@@ -85,6 +85,21 @@ def main():
         pp, ba, bu = get("gather", c, "memcpyAsync"), get("gather", c, "cudaMemcpyBatch"), get("gather", c, "bulk")
         print(f"| {c} | {fmt(k)} ({sms}) | {fmt(pp)} | {fmt(ba)} | {fmt(bu)} | {ratio(k, ba)} | {ratio(k, bu)} |")
 
+    step_configs = [c for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "step") if c.startswith("hq")]
+    if step_configs:
+        print("\n| one layer's decode step (hq40/hkv8, d128, page 16, 2K budget, cache 6x budget) | dense us "
+              "| score | select | retrieve | attention | sparse us | ideal us | sparse/ideal | dense/sparse |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for c in step_configs:
+            t = {v: times.get(("step", c, v)) for v in ("dense attention", "sparse score", "sparse select",
+                                                        "sparse retrieve", "sparse attention", "sparse total",
+                                                        "ideal envelope")}
+            us = {k: "n/a" if v is None else f"{v:.0f}" for k, v in t.items()}
+            total, ideal, dense = t["sparse total"], t["ideal envelope"], t["dense attention"]
+            print(f"| {c} | {us['dense attention']} | {us['sparse score']} | {us['sparse select']} | "
+                  f"{us['sparse retrieve']} | {us['sparse attention']} | {us['sparse total']} | {us['ideal envelope']} | "
+                  f"{ratio(total, ideal)} | {ratio(dense, total)} |")
+
 
 if __name__ == "__main__":
     main()

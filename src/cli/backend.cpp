@@ -109,6 +109,7 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
   CudaPagedKvConfig kv;
   kv.page_size = options.kv.page_size;
   kv.device_pages = options.kv.device_pages > 0 ? std::max<int64_t>(1, options.kv.device_pages / world) : 0;
+  kv.host_pages = options.kv.host_pages > 0 ? std::max<int64_t>(1, options.kv.host_pages / world) : 0;
   kv.gpu_memory_utilization = options.gpu_memory_utilization;
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;
@@ -155,6 +156,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
   CudaPagedKvConfig kv;
   kv.page_size = options.kv.page_size;
   kv.device_pages = options.kv.device_pages;
+  kv.host_pages = options.kv.host_pages;
   kv.gpu_memory_utilization = options.gpu_memory_utilization;
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;

@@ -166,7 +166,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-device-pages", args->backend.kv.device_pages,
                   "paged KV store: device-tier pages, each page_size tokens of one layer x KV head (default: from memory; "
                   "cuda: from --gpu-memory-utilization)");
-  cmd->add_option("--kv-host-pages", args->backend.kv.host_pages, "paged KV store: host-tier pages (default: from memory)");
+  cmd->add_option("--kv-host-pages", args->backend.kv.host_pages, "paged KV store: host-tier pages (CPU default: from memory; CUDA: pinned memory, 0 = none, quest needs it)");
   cmd->add_option("--kv-buffer-factor", args->backend.kv.buffer_factor,
                   "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
       ->capture_default_str();

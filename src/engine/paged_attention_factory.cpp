@@ -24,7 +24,9 @@ uint32_t setting_u32(const char* what, int64_t value) {
   return static_cast<uint32_t>(value);
 }
 
-sparse::SparseSettings to_sparse(const AttentionSettings& s) {
+}  // namespace
+
+sparse::SparseSettings to_sparse_settings(const AttentionSettings& s) {
   sparse::SparseSettings out;
   out.algorithm = s.algorithm;
   if (s.budget > 0) out.budget_tokens = setting_u32("budget", s.budget);
@@ -36,6 +38,8 @@ sparse::SparseSettings to_sparse(const AttentionSettings& s) {
   if (s.first_dense_layers) out.first_dense_layers = setting_u32("first_dense_layers", *s.first_dense_layers);
   return out;
 }
+
+namespace {
 
 uint32_t checked_pages(const char* flag, int64_t pages) {
   SPIN_CHECK(pages > 0 && pages < std::numeric_limits<uint32_t>::max(),
@@ -81,7 +85,7 @@ class PagedAttentionFactory final : public AttentionFactory {
     if (settings.algorithm == "dense") return contiguous_->create(settings, max_tokens);
     SPIN_CHECK(max_tokens > 0 && max_tokens <= kv_->config().max_context,
                "attention capacity {} outside 1..{}", max_tokens, kv_->config().max_context);
-    const sparse::SparseSettings sparse_settings = to_sparse(settings);
+    const sparse::SparseSettings sparse_settings = to_sparse_settings(settings);
     return std::make_unique<sparse::PagedSparseAttention>(*kv_, *memory_, shape_, sparse_settings);
   }
 
@@ -196,7 +200,7 @@ class PagedAttentionFactory final : public AttentionFactory {
 
  private:
   sparse::ResolvedSettings resolve(const AttentionSettings& settings) const {
-    const sparse::SparseSettings s = to_sparse(settings);
+    const sparse::SparseSettings s = to_sparse_settings(settings);
     const sparse::AlgorithmContext context{shape_, kv_->config().layout, &s};
     const auto algorithm = sparse::AlgorithmRegistry::global().create(s.algorithm, context);
     return sparse::resolve_settings(s, algorithm->traits(), shape_, kv_->config());

@@ -8,8 +8,13 @@
 #include <memory>
 
 #include "engine/attention_factory.h"
+#include "sparse/settings.h"
 
 namespace spin {
+
+// A request's attention settings as the sparse pipeline takes them (spin::Error on values out of
+// range).
+sparse::SparseSettings to_sparse_settings(const AttentionSettings& settings);
 
 struct PagedStoreConfig {
   uint32_t page_size = 16;       // tokens per page (8..64)

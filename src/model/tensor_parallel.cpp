@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
 #include "model/communicator.h"
@@ -142,6 +144,10 @@ void RankThreads::loop(int rank) {
     std::exception_ptr error;
     try {
       (*task)(rank);
+    } catch (const std::exception& e) {
+      // Said at once: the other ranks may be stuck where this failure cannot reach them.
+      spdlog::error("tensor parallel: rank {} failed: {}", rank, e.what());
+      error = std::current_exception();
     } catch (...) {
       error = std::current_exception();
     }

@@ -200,10 +200,14 @@ struct EngineRun {
 };
 
 // Runs the requests through one Engine (greedy) and returns each one's tokens by request index;
-// `preempted`, where given, receives the number of preemptions.
+// `preempted`, where given, receives the number of preemptions; `attention`, where given, holds each
+// request's attention settings; `usage`, where given, receives the store's usage after the run.
 inline std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<AttentionFactory> factory,
                                          const std::vector<std::vector<int32_t>>& prompts,
-                                         const std::vector<int64_t>& max_tokens, int64_t* preempted = nullptr) {
+                                         const std::vector<int64_t>& max_tokens, int64_t* preempted = nullptr,
+                                         const std::vector<AttentionSettings>& attention = {},
+                                         KvStoreUsage* usage = nullptr) {
+  const AttentionFactory* store = factory.get();
   EngineConfig config;
   config.max_num_seqs = 8;
   config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
@@ -217,6 +221,7 @@ inline std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<At
     params.sampling.temperature = 0.0f;
     params.ignore_eos = true;
     params.top_logprobs = 5;
+    if (i < attention.size()) params.attention = attention[i];
     const uint64_t id = engine.add_request(prompts[i], params, [&out, &index](const RequestOutput& o) {
       EngineRun& run = out[index.at(o.request_id)];
       run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
@@ -227,6 +232,7 @@ inline std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<At
   int64_t preemptions = 0;
   while (engine.has_work()) preemptions += engine.step().preempted;
   if (preempted) *preempted = preemptions;
+  if (usage) *usage = store->usage().value_or(KvStoreUsage{});
   return out;
 }
 

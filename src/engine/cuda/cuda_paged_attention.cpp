@@ -7,12 +7,16 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "engine/paged_attention_factory.h"
 #include "kernels/cuda/model_ops.h"
+#include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/sparse_select.h"
 #include "kv/page_pool.h"
 #include "model/cuda/device_buffer.h"
 #include "model/device_attention.h"
+#include "sparse/algorithm.h"
 
 namespace spin {
 
@@ -28,6 +32,10 @@ constexpr int64_t kMinContextBucket = 64;
 constexpr double kPoolMarginBytes = 1.0 * (int64_t{1} << 30);
 // The decode kernel's limit on query heads per KV head.
 constexpr int64_t kMaxGroup = 8;
+// A logical page of a sparse request that has no device group (it lives in the host tier only).
+constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
+// The sparse algorithm the GPU runs (its Index, Select and defaults: sparse/quest.cpp).
+constexpr const char* kGpuSparseAlgorithm = "quest";
 
 int64_t context_bucket(int64_t tokens) {
   int64_t bucket = kMinContextBucket;
@@ -39,10 +47,30 @@ int64_t context_bucket(int64_t tokens) {
 
 class CudaSequenceKv;
 
-// The device pool, its page groups, and the tables of the step being run.
+// Page groups of a store: sized from the GPU's free memory or the flags.
+struct PoolSizes {
+  uint32_t groups = 0;      // usable page groups (the scratch group not counted)
+  uint32_t low_groups = 0;  // groups of the first dense layers only
+  int64_t dense_layers = 0;
+};
+
+// What a sparse (Quest) sequence holds besides its device page groups.
+struct SparseKv {
+  sparse::ResolvedSettings settings;
+  int64_t cache_slots = 0;       // per (layer, KV head)
+  std::vector<uint32_t> low;     // per logical page: its group in the first dense layers
+  std::vector<uint32_t> host;    // per logical page: its host-tier group
+  std::vector<uint32_t> chunks;  // per kSummaryChunkPages logical pages: the summary chunk
+  std::vector<uint32_t> cache;   // the cache slots' groups, from the first decode step on
+  bool decoding = false;         // the prefill ended: only sinks, window and cache stay on the device
+  uint32_t now = 0;              // decode steps so far (the cache's LRU stamps)
+};
+
+// The device pool, its page groups, the host tier, and the tables of the step being run.
 class CudaKvStore final : public DeviceAttention {
  public:
   CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& config);
+  CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& config, const PoolSizes& sizes);
   ~CudaKvStore() override;
   CudaKvStore(const CudaKvStore&) = delete;
   CudaKvStore& operator=(const CudaKvStore&) = delete;
@@ -52,14 +80,22 @@ class CudaKvStore final : public DeviceAttention {
 
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
   int64_t pages_per_group() const { return shape_.n_layers * shape_.n_kv_heads; }
+  int64_t pages_per_low_group() const { return dense_layers_ * shape_.n_kv_heads; }
   int64_t usable_groups() const { return groups_total_ - 1; }
   int64_t page_size() const { return page_size_; }
   int64_t pool_bytes() const { return static_cast<int64_t>(pool_.bytes()); }
+  bool has_host_tier() const { return host_groups_total_ > 0; }
+  int64_t dense_layers() const { return dense_layers_; }
+  // Resolves a quest request's settings (spin::Error naming what the GPU store cannot run).
+  sparse::ResolvedSettings resolve_sparse(const AttentionSettings& settings) const;
+  int64_t cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
 
   // Grows `groups` to `count` groups, all or nothing (kv::PoolExhausted when short).
   void grow(std::vector<uint32_t>& groups, int64_t count);
-  void release(std::vector<uint32_t>& groups);
+  // Gives back a sequence's groups of every pool.
+  void release(std::vector<uint32_t>& groups, SparseKv* sparse);
   KvStoreUsage usage() const;
+  KvDemand capacity() const;
   std::atomic<int64_t> live_sequences{0};
 
  private:
@@ -70,30 +106,95 @@ class CudaKvStore final : public DeviceAttention {
     int64_t prefill_seqs = 0;   // chunks of more than one token, after the decode rows
     int64_t max_new_tokens = 0; // longest prefill chunk
     int64_t context_bucket = 0; // decode kernel's max_tokens
+    bool sparse_rows = false;   // some row belongs to a sparse sequence
+    bool sparse_decode = false; // some decode row runs the sparse pipeline
+    int32_t max_candidates = 0;
     const int32_t* page_of = nullptr;
+    const int32_t* low_page_of = nullptr;
+    const int32_t* host_page_of = nullptr;
     const int32_t* slot_of = nullptr;
     const int32_t* decode_offsets = nullptr;
     const int32_t* decode_tokens = nullptr;
     const int32_t* decode_pages = nullptr;
+    const int32_t* low_decode_offsets = nullptr;
+    const int32_t* low_decode_tokens = nullptr;
+    const int32_t* low_decode_pages = nullptr;
     const int32_t* prefill_offsets = nullptr;
     const int32_t* prefill_token_offsets = nullptr;
     const int32_t* prefill_first_pos = nullptr;
     const int32_t* prefill_pages = nullptr;
+    const int32_t* low_prefill_pages = nullptr;
+    // The sparse pipeline, per decode row (padding and dense rows select nothing).
+    const int32_t* first_candidate = nullptr;
+    const int32_t* end_candidate = nullptr;
+    const int32_t* dir_offsets = nullptr;
+    const int32_t* summary_dir = nullptr;
+    const int32_t* host_offsets = nullptr;
+    const int32_t* host_groups = nullptr;
+    const int32_t* cache_offsets = nullptr;
+    const int32_t* cache_groups = nullptr;
+    const uint32_t* now = nullptr;
+    const int32_t* counts = nullptr;  // per decode item: pages to select
+    const int32_t* needed_offsets = nullptr;
+    int32_t* needed = nullptr;        // written by select, read by retrieve
+    const int32_t* out_offsets = nullptr;
+    int32_t* decode_pages_mutable = nullptr;  // retrieve writes the selected pages' device ids here
+    const int32_t* index_src = nullptr;
+    const int32_t* index_dst = nullptr;
   };
 
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
+  // Element offset of layer l's slice of the pool (the first dense layers' slices are larger).
+  size_t layer_offset(int64_t layer) const;
+  size_t host_layer_offset(int64_t layer) const {
+    return static_cast<size_t>(layer * host_groups_total_ * shape_.n_kv_heads) * page_elems_;
+  }
+  size_t summary_layer_offset(int64_t layer) const {
+    return static_cast<size_t>(layer * chunks_total_ * shape_.n_kv_heads * cuda::kSummaryChunkPages * 2 *
+                               shape_.head_dim);
+  }
+  // Id in a layer slice of group g's page of KV head h.
+  int32_t page_id(uint32_t group, int64_t head) const {
+    return static_cast<int32_t>(int64_t{group} * shape_.n_kv_heads + head);
+  }
+  int32_t low_page_id(uint32_t low, int64_t head) const { return page_id(static_cast<uint32_t>(groups_total_) + low, head); }
+  // Summary entry (kernels/cuda/sparse_select.h) of logical page p of KV head h in chunk c.
+  int32_t summary_entry(uint32_t chunk, int64_t head, int64_t page) const {
+    return static_cast<int32_t>((int64_t{chunk} * shape_.n_kv_heads + head) * cuda::kSummaryChunkPages +
+                                page % cuda::kSummaryChunkPages);
+  }
+  // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
+  // cache slots, and returns the (source page, summary entry) pairs of every complete page to index.
+  void end_prefill(CudaSequenceKv& kv, int64_t pos, std::vector<int32_t>& index_src, std::vector<int32_t>& index_dst,
+                   cudaStream_t stream);
 
   AttentionShape shape_;
   int device_;
   int64_t page_size_;
-  mutable std::mutex mutex_;  // guards groups_ (handles free into it from any thread)
+  mutable std::mutex mutex_;  // guards the id pools (handles free into them from any thread)
   kv::IdPool groups_;         // page groups handed to sequences; the scratch group is not in it
+  kv::IdPool low_groups_;     // groups of the first dense layers only
+  kv::IdPool host_pool_;      // host-tier groups; the scratch group is not in it
+  kv::IdPool chunk_pool_;     // summary chunks
   int64_t group_size_ = 0;    // query heads per KV head
   int64_t q_width_ = 0;
   int64_t groups_total_ = 0;  // page groups in the pool, the scratch group (the last) included
+  int64_t low_total_ = 0;     // groups only the first dense layers' slices have (after groups_total_)
+  int64_t dense_layers_ = 0;  // the first dense layers of sparse requests
+  int64_t host_groups_total_ = 0;  // host-tier groups, its scratch group (the last) included
+  int64_t chunks_total_ = 0;
+  int64_t max_cache_slots_ = 0;
+  double buffer_factor_ = 0.0;
   size_t page_elems_ = 0;     // bf16 elements of one page (K then V)
-  size_t layer_elems_ = 0;    // bf16 elements of one layer's slice of the pool
   DeviceBuffer<bf16> pool_;
+  bf16* host_ = nullptr;      // the host tier (cudaHostAlloc, mapped)
+  bf16* host_device_ = nullptr;
+  DeviceBuffer<bf16> summaries_;
+  DeviceBuffer<int32_t> slot_page_;
+  DeviceBuffer<uint32_t> slot_stamp_;
+  DeviceBuffer<float> scores_;
+  DeviceBuffer<unsigned long long> counters_;  // per decode row: hits, misses, evictions (summed ever)
+  DeviceBuffer<int> cache_error_;
 
   PinnedBuffer<int32_t> tables_host_;
   DeviceBuffer<int32_t> tables_;
@@ -106,12 +207,12 @@ class CudaKvStore final : public DeviceAttention {
 
 class CudaSequenceKv final : public DeviceSequenceKv {
  public:
-  CudaSequenceKv(std::shared_ptr<CudaKvStore> store, int64_t max_tokens)
-      : store_(std::move(store)), max_tokens_(max_tokens) {
+  CudaSequenceKv(std::shared_ptr<CudaKvStore> store, int64_t max_tokens, std::unique_ptr<SparseKv> sparse)
+      : store_(std::move(store)), max_tokens_(max_tokens), sparse_(std::move(sparse)) {
     ++store_->live_sequences;
   }
   ~CudaSequenceKv() override {
-    store_->release(groups_);
+    store_->release(groups_, sparse_.get());
     --store_->live_sequences;
   }
   CudaSequenceKv(const CudaSequenceKv&) = delete;
@@ -123,20 +224,33 @@ class CudaSequenceKv final : public DeviceSequenceKv {
   const CudaKvStore* owner() const { return store_.get(); }
   int64_t max_tokens() const { return max_tokens_; }
   std::vector<uint32_t>& groups() { return groups_; }
+  SparseKv* sparse() { return sparse_.get(); }
   void stored(int64_t end) { length_ = std::max(length_, end); }
 
  private:
   std::shared_ptr<CudaKvStore> store_;
   int64_t max_tokens_;
   int64_t length_ = 0;
-  std::vector<uint32_t> groups_;  // group j holds positions [j * page_size, (j + 1) * page_size)
+  // Group j holds positions [j * page_size, (j + 1) * page_size); a sparse sequence past its
+  // prefill keeps groups only for its sinks and window (kNoGroup elsewhere).
+  std::vector<uint32_t> groups_;
+  std::unique_ptr<SparseKv> sparse_;
 };
 
 namespace {
 
-// Checks what the kernels support and returns the page groups the pool gets (the scratch group
-// not counted).
-uint32_t usable_pool_groups(const AttentionShape& shape, const CudaPagedKvConfig& c) {
+// The first dense layers quest requests run with on the GPU: the algorithm's published default.
+int64_t quest_dense_layers(const AttentionShape& shape, int64_t page_size) {
+  const sparse::SparseSettings settings{.algorithm = kGpuSparseAlgorithm};
+  const kv::KvLayout layout{static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
+                            static_cast<uint32_t>(shape.head_dim), static_cast<uint32_t>(page_size), kv::ElemType::F32};
+  const auto algorithm =
+      sparse::AlgorithmRegistry::global().create(kGpuSparseAlgorithm, sparse::AlgorithmContext{shape, layout, &settings});
+  return std::min<int64_t>(algorithm->traits().first_dense_layers, shape.n_layers);
+}
+
+// Checks what the kernels support and returns the pool's groups (the scratch group not counted).
+PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
   SPIN_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0,
              "CUDA attention: bad shape ({} layers, {} heads, {} KV heads)", shape.n_layers, shape.n_heads,
              shape.n_kv_heads);
@@ -150,15 +264,23 @@ uint32_t usable_pool_groups(const AttentionShape& shape, const CudaPagedKvConfig
   SPIN_CHECK(c.max_batch > 0 && c.max_context > 0 && c.max_context < std::numeric_limits<int32_t>::max(),
              "CUDA KV store: max batch {} and context {} must be positive (context < 2^31)", c.max_batch,
              c.max_context);
+  SPIN_CHECK(c.host_pages >= 0, "--kv-host-pages must be >= 0, got {}", c.host_pages);
+  SPIN_CHECK(std::isfinite(c.dense_layer_share) && c.dense_layer_share >= 0.0 && c.dense_layer_share < 1.0,
+             "the dense-layer share of the KV pool must be in [0, 1), got {}", c.dense_layer_share);
+  SPIN_CHECK(std::isfinite(c.buffer_factor) && c.buffer_factor >= 0.0 && c.buffer_factor <= 64.0,
+             "the KV buffer factor must be in [0, 64], got {}", c.buffer_factor);
   cuda_check(cudaSetDevice(c.device), "cudaSetDevice");
 
-  const int64_t per_group = shape.n_layers * shape.n_kv_heads;
-  const double group_bytes = static_cast<double>(per_group) * 2.0 * c.page_size * shape.head_dim * sizeof(bf16);
-  int64_t usable = 0;
+  PoolSizes sizes;
+  sizes.dense_layers = c.host_pages > 0 ? quest_dense_layers(shape, c.page_size) : 0;
+  const double page_bytes = 2.0 * c.page_size * shape.head_dim * sizeof(bf16);
+  const double group_bytes = static_cast<double>(shape.n_layers * shape.n_kv_heads) * page_bytes;
+  const double low_group_bytes = static_cast<double>(sizes.dense_layers * shape.n_kv_heads) * page_bytes;
+  double budget = 0.0;
   if (c.device_pages > 0) {
-    usable = c.device_pages / per_group;
-    SPIN_CHECK(usable >= 1, "--kv-device-pages {} is less than one page per layer and KV head ({})", c.device_pages,
-               per_group);
+    budget = static_cast<double>(c.device_pages) * page_bytes;
+    SPIN_CHECK(budget >= group_bytes, "--kv-device-pages {} is less than one page per layer and KV head ({})",
+               c.device_pages, shape.n_layers * shape.n_kv_heads);
   } else {
     SPIN_CHECK(std::isfinite(c.gpu_memory_utilization) && c.gpu_memory_utilization > 0.0 &&
                    c.gpu_memory_utilization <= 1.0,
@@ -166,43 +288,86 @@ uint32_t usable_pool_groups(const AttentionShape& shape, const CudaPagedKvConfig
     size_t free_bytes = 0, total_bytes = 0;
     cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     const double in_use = static_cast<double>(total_bytes - free_bytes);
-    const double budget = c.gpu_memory_utilization * static_cast<double>(total_bytes) - in_use - kPoolMarginBytes;
+    budget = c.gpu_memory_utilization * static_cast<double>(total_bytes) - in_use - kPoolMarginBytes;
     SPIN_CHECK(budget >= 2.0 * group_bytes,
                "--gpu-memory-utilization {} of {:.1f} GB leaves {:.2f} GB for the KV cache after {:.1f} GB in use "
                "(weights, activations) and a {:.1f} GB margin; raise it or use a smaller model",
                c.gpu_memory_utilization, total_bytes / 1e9, std::max(budget, 0.0) / 1e9, in_use / 1e9,
                kPoolMarginBytes / 1e9);
-    usable = static_cast<int64_t>(budget / group_bytes) - 1;  // one group is the padding rows' scratch
+    budget -= group_bytes;  // the padding rows' scratch group
   }
+  const double low_budget = sizes.dense_layers > 0 ? budget * c.dense_layer_share : 0.0;
   // Page ids within a layer's slice (group * kv_heads + head) are int32 in the kernels.
   const int64_t max_groups = std::numeric_limits<int32_t>::max() / shape.n_kv_heads - 1;
-  return static_cast<uint32_t>(std::min(usable, max_groups));
+  const auto low = sizes.dense_layers > 0 ? static_cast<int64_t>(low_budget / low_group_bytes) : 0;
+  const auto main = static_cast<int64_t>((budget - static_cast<double>(low) * low_group_bytes) / group_bytes);
+  SPIN_CHECK(main >= 1, "the KV pool holds no page group ({:.2f} GB)", budget / 1e9);
+  sizes.groups = static_cast<uint32_t>(std::min(main, max_groups / 2));
+  sizes.low_groups = static_cast<uint32_t>(std::min(low, max_groups / 2));
+  return sizes;
 }
 
 }  // namespace
 
 CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c)
+    : CudaKvStore(shape, c, pool_sizes(shape, c)) {}
+
+CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c, const PoolSizes& sizes)
     : shape_(shape),
       device_(c.device),
       page_size_(c.page_size),
-      groups_("CUDA KV page groups", usable_pool_groups(shape, c)) {
+      groups_("CUDA KV page groups", sizes.groups),
+      low_groups_("CUDA KV page groups of the first dense layers", sizes.low_groups),
+      host_pool_("CUDA KV host tier groups",
+                 c.host_pages > 0 ? static_cast<uint32_t>(std::max<int64_t>(
+                                        1, c.host_pages / (shape.n_layers * shape.n_kv_heads) - 1))
+                                  : 0),
+      chunk_pool_("CUDA KV summary chunks",
+                  c.host_pages > 0 ? static_cast<uint32_t>(
+                                         (c.host_pages / (shape.n_layers * shape.n_kv_heads) +
+                                          cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages + c.max_batch)
+                                   : 0) {
   group_size_ = shape.n_heads / shape.n_kv_heads;
   q_width_ = shape.n_heads * shape.head_dim;
   groups_total_ = int64_t{groups_.capacity()} + 1;
+  low_total_ = low_groups_.capacity();
+  dense_layers_ = sizes.dense_layers;
+  buffer_factor_ = c.buffer_factor;
   page_elems_ = static_cast<size_t>(2 * page_size_ * shape.head_dim);
-  layer_elems_ = static_cast<size_t>(groups_total_ * shape.n_kv_heads) * page_elems_;
-  pool_.reserve(layer_elems_ * static_cast<size_t>(shape.n_layers), "KV cache pool");
+  pool_.reserve(layer_offset(shape.n_layers), "KV cache pool");
   // Zeros, not leftover bytes, in pages no token has written (benchmarks time uncomputed KV).
   cuda_check(cudaMemset(pool_.get(), 0, pool_.bytes()), "KV pool clear");
-  // The clear runs on the legacy stream, which the model's non-blocking stream does not wait for.
+  if (c.host_pages > 0) {
+    host_groups_total_ = int64_t{host_pool_.capacity()} + 1;
+    chunks_total_ = chunk_pool_.capacity();
+    const size_t host_bytes = static_cast<size_t>(host_groups_total_ * pages_per_group()) * page_elems_ * sizeof(bf16);
+    void* host = nullptr;
+    const cudaError_t pinned = cudaHostAlloc(&host, host_bytes, cudaHostAllocMapped);
+    if (pinned != cudaSuccess) {
+      cudaGetLastError();
+      fail("cannot pin {:.2f} GB of host memory for the KV host tier (--kv-host-pages): {}", host_bytes / 1e9,
+           cudaGetErrorString(pinned));
+    }
+    host_ = static_cast<bf16*>(host);
+    void* mapped = nullptr;
+    cuda_check(cudaHostGetDevicePointer(&mapped, host, 0), "host tier mapping");
+    host_device_ = static_cast<bf16*>(mapped);
+    summaries_.reserve(static_cast<size_t>(shape.n_layers * chunks_total_ * shape.n_kv_heads * cuda::kSummaryChunkPages *
+                                           2 * shape.head_dim),
+                       "Quest page summaries");
+    const auto state = static_cast<size_t>(groups_total_ * pages_per_group());
+    slot_page_.reserve(state, "KV cache slot table");
+    slot_stamp_.reserve(state, "KV cache slot stamps");
+    cuda_check(cudaMemset(slot_page_.get(), 0xff, slot_page_.bytes()), "KV cache slot table clear");
+    cuda_check(cudaMemset(slot_stamp_.get(), 0, slot_stamp_.bytes()), "KV cache slot stamps clear");
+    max_cache_slots_ = std::min<int64_t>(groups_.capacity(), cuda::kMaxCacheSlots);
+  }
+  // The clears run on the legacy stream, which the model's non-blocking stream does not wait for.
   cuda_check(cudaDeviceSynchronize(), "KV pool clear");
   cuda_check(cudaEventCreateWithFlags(&upload_done_, cudaEventDisableTiming), "event creation");
   // Buffers for a full decode batch (rounded up as the model pads it) at full context, so serving
   // never reallocates them, which would drop the model's CUDA graphs.
   const int64_t max_rows = (c.max_batch + 7) / 8 * 8;
-  const int64_t decode_entries = max_rows * shape.n_kv_heads * (pages_for(c.max_context) + 3) + 2 * max_rows + 8;
-  tables_.reserve(static_cast<size_t>(decode_entries), "KV step tables");
-  tables_host_.reserve(static_cast<size_t>(decode_entries));
   decode_q_.reserve(static_cast<size_t>(max_rows * q_width_), "decode queries");
   size_t workspace_bytes = 0;
   for (int64_t rows = 1; rows <= max_rows; rows = rows < 8 ? rows * 2 : rows + 8) {
@@ -212,6 +377,15 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     }
   }
   workspace_.reserve(workspace_bytes, "decode split-K workspace");
+  if (has_host_tier()) {
+    const int64_t candidates = pages_for(context_bucket(c.max_context));
+    scores_.reserve(static_cast<size_t>(max_rows * shape.n_kv_heads * candidates), "Quest page scores");
+    counters_.reserve(static_cast<size_t>(max_rows * 3), "KV cache counters");
+    cuda_check(cudaMemset(counters_.get(), 0, counters_.bytes()), "KV cache counters clear");
+    cache_error_.reserve(1, "KV cache error flag");
+    cuda_check(cudaMemset(cache_error_.get(), 0, cache_error_.bytes()), "KV cache error flag clear");
+    cuda_check(cudaDeviceSynchronize(), "KV cache clear");
+  }
   epoch_ = new_buffers_epoch();
 }
 
@@ -219,6 +393,39 @@ CudaKvStore::~CudaKvStore() {
   // The last handle may go on any thread (the engine's): free on this store's GPU.
   cudaSetDevice(device_);
   if (upload_done_) cudaEventDestroy(upload_done_);
+  if (host_) cudaFreeHost(host_);
+}
+
+size_t CudaKvStore::layer_offset(int64_t layer) const {
+  const int64_t wide = std::min(layer, dense_layers_);
+  const int64_t groups = wide * (groups_total_ + low_total_) + (layer - wide) * groups_total_;
+  return static_cast<size_t>(groups * shape_.n_kv_heads) * page_elems_;
+}
+
+sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& settings) const {
+  SPIN_CHECK(has_host_tier(), "attention algorithm '{}' needs the KV host tier on the CUDA backend (--kv-host-pages)",
+             settings.algorithm);
+  const sparse::SparseSettings s = to_sparse_settings(settings);
+  kv::KvConfig store;
+  store.layout = kv::KvLayout{static_cast<uint32_t>(shape_.n_layers), static_cast<uint32_t>(shape_.n_kv_heads),
+                              static_cast<uint32_t>(shape_.head_dim), static_cast<uint32_t>(page_size_),
+                              kv::ElemType::F32};
+  const auto algorithm =
+      sparse::AlgorithmRegistry::global().create(s.algorithm, sparse::AlgorithmContext{shape_, store.layout, &s});
+  sparse::ResolvedSettings r = sparse::resolve_settings(s, algorithm->traits(), shape_, store);
+  SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
+             "on the CUDA backend {} runs with its {} first dense layers, not {}", settings.algorithm, dense_layers_,
+             r.first_dense_layers);
+  return r;
+}
+
+int64_t CudaKvStore::cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
+  const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX)));
+  SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
+             "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
+             std::min<int64_t>(cuda::kMaxSelectedPages, max_cache_slots_));
+  const auto slots = static_cast<int64_t>(std::ceil(static_cast<double>(largest) * (1.0 + buffer_factor_)));
+  return std::clamp<int64_t>(slots, largest, max_cache_slots_);
 }
 
 void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
@@ -229,19 +436,51 @@ void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
   while (static_cast<int64_t>(groups.size()) < count) groups.push_back(groups_.alloc());
 }
 
-void CudaKvStore::release(std::vector<uint32_t>& groups) {
+void CudaKvStore::release(std::vector<uint32_t>& groups, SparseKv* sparse) {
   std::lock_guard lock(mutex_);
-  for (uint32_t g : groups) groups_.free(g);
+  for (uint32_t g : groups) {
+    if (g != kNoGroup) groups_.free(g);
+  }
   groups.clear();
+  if (sparse == nullptr) return;
+  for (uint32_t g : sparse->cache) groups_.free(g);
+  for (uint32_t g : sparse->low) low_groups_.free(g);
+  for (uint32_t g : sparse->host) host_pool_.free(g);
+  for (uint32_t g : sparse->chunks) chunk_pool_.free(g);
+  sparse->cache.clear();
+  sparse->low.clear();
+  sparse->host.clear();
+  sparse->chunks.clear();
+}
+
+KvDemand CudaKvStore::capacity() const {
+  return KvDemand{.device_pages = usable_groups() * pages_per_group() + low_total_ * pages_per_low_group(),
+                  .host_pages = int64_t{host_pool_.capacity()} * pages_per_group()};
 }
 
 KvStoreUsage CudaKvStore::usage() const {
   KvStoreUsage u;
   std::lock_guard lock(mutex_);
-  u.device_pages_used = int64_t{groups_.num_used()} * pages_per_group();
-  u.device_pages_capacity = usable_groups() * pages_per_group();
+  u.device_pages_used = int64_t{groups_.num_used()} * pages_per_group() + int64_t{low_groups_.num_used()} * pages_per_low_group();
+  u.device_pages_capacity = usable_groups() * pages_per_group() + low_total_ * pages_per_low_group();
+  u.host_pages_used = int64_t{host_pool_.num_used()} * pages_per_group();
+  u.host_pages_capacity = int64_t{host_pool_.capacity()} * pages_per_group();
   u.page_bytes = static_cast<int64_t>(page_elems_ * sizeof(bf16));
   u.requests = live_sequences.load();
+  if (has_host_tier()) {
+    cudaSetDevice(device_);
+    std::vector<unsigned long long> counters(counters_.size());
+    if (cudaMemcpy(counters.data(), counters_.get(), counters_.bytes(), cudaMemcpyDeviceToHost) == cudaSuccess) {
+      for (size_t i = 0; i + 2 < counters.size(); i += 3) {
+        u.hits += counters[i];
+        u.misses += counters[i + 1];
+        u.evictions += counters[i + 2];
+      }
+      u.retrieve_bytes = u.misses * static_cast<uint64_t>(u.page_bytes);
+    } else {
+      cudaGetLastError();
+    }
+  }
   return u;
 }
 
@@ -261,16 +500,66 @@ cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t 
   return p;
 }
 
+void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, std::vector<int32_t>& index_src,
+                              std::vector<int32_t>& index_dst, cudaStream_t stream) {
+  SparseKv& sp = *kv.sparse();
+  std::vector<uint32_t>& groups = kv.groups();
+  const int64_t heads = shape_.n_kv_heads;
+  for (int64_t p = 0; p < pos / page_size_; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      index_src.push_back(page_id(groups[static_cast<size_t>(p)], h));
+      index_dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
+    }
+  }
+  const int64_t cur = pos / page_size_;
+  const int64_t sink_end = std::min<int64_t>(sp.settings.sink_pages, cur + 1);
+  const int64_t window_start = std::max(sink_end, cur - std::min<int64_t>(cur, sp.settings.window_pages));
+  {
+    std::lock_guard lock(mutex_);
+    for (int64_t p = 0; p < static_cast<int64_t>(groups.size()); ++p) {
+      if (p < sink_end || p >= window_start) continue;
+      groups_.free(groups[static_cast<size_t>(p)]);
+      groups[static_cast<size_t>(p)] = kNoGroup;
+    }
+    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_slots) sp.cache.push_back(groups_.alloc());
+  }
+  // Fresh slots are empty in every (layer, KV head); their state is contiguous per group.
+  const size_t per_group = static_cast<size_t>(pages_per_group());
+  for (uint32_t g : sp.cache) {
+    cuda_check(cudaMemsetAsync(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t), stream),
+               "KV cache slot reset");
+  }
+  sp.decoding = true;
+}
+
 DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, int64_t rows, cudaStream_t stream) {
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
   // The previous step's tables may still be on their way to the device.
   cuda_check(cudaEventSynchronize(upload_done_), "KV table upload");
   const int64_t heads = shape_.n_kv_heads;
+  const int64_t ps = page_size_;
+  const auto chunks_for = [](int64_t pages) {
+    return (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+  };
+  // A sparse sequence's decode window with `cur` the page being written: sinks [0, sink_end),
+  // candidates [sink_end, window_start), window [window_start, cur] (as the CPU pipeline has it).
+  struct Window {
+    int64_t sink_end, window_start;
+  };
+  const auto window_of = [](const SparseKv& sp, int64_t cur) {
+    const int64_t sink_end = std::min<int64_t>(sp.settings.sink_pages, cur + 1);
+    return Window{sink_end, std::max(sink_end, cur - std::min<int64_t>(cur, sp.settings.window_pages))};
+  };
+  const auto is_decode = [](const CudaSequenceKv& kv, const SparseKv& sp, int64_t n) {
+    return sp.decoding || (n == 1 && kv.length() > 0);
+  };
 
-  // Check the chunks before changing anything.
+  // Check the chunks and count the groups they need before changing anything.
   std::vector<CudaSequenceKv*> seqs(chunks.size());
   std::unordered_set<const CudaSequenceKv*> seen;
-  int64_t n_tokens = 0, n_single = 0, new_groups = 0;
+  int64_t n_tokens = 0, n_single = 0;
+  int64_t need_main = 0, need_low = 0, need_host = 0, need_chunks = 0;
+  bool sparse_rows = false;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const SequenceChunk& chunk = chunks[i];
     auto* kv = dynamic_cast<CudaSequenceKv*>(chunk.attention);
@@ -288,9 +577,42 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                  "attention step: single-token chunks must come before longer ones (chunk {})", i);
       ++n_single;
     }
-    new_groups += std::max<int64_t>(0, pages_for(chunk.pos0 + n) - static_cast<int64_t>(kv->groups().size()));
+    const int64_t end = chunk.pos0 + n;
+    const auto held = static_cast<int64_t>(kv->groups().size());
+    SparseKv* sp = kv->sparse();
     n_tokens += n;
     seqs[i] = kv;
+    if (sp == nullptr) {
+      need_main += std::max<int64_t>(0, pages_for(end) - held);
+      continue;
+    }
+    sparse_rows = true;
+    if (!is_decode(*kv, *sp, n)) {
+      SPIN_CHECK(chunk.pos0 == kv->length(), "attention step: sparse KV cannot rewrite position {}", chunk.pos0);
+      need_main += std::max<int64_t>(0, pages_for(end) - held);
+      need_low += std::max<int64_t>(0, pages_for(end) - static_cast<int64_t>(sp->low.size()));
+      need_host += std::max<int64_t>(0, pages_for(end) - static_cast<int64_t>(sp->host.size()));
+      continue;
+    }
+    SPIN_CHECK(n == 1 && chunk.pos0 == kv->length(),
+               "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
+    const int64_t cur = chunk.pos0 / ps;
+    const bool new_page = chunk.pos0 % ps == 0;
+    const Window w = window_of(*sp, cur);
+    if (!sp->decoding) {
+      int64_t kept = 0;
+      for (int64_t p = 0; p < held; ++p) kept += p < w.sink_end || p >= w.window_start;
+      need_main += sp->cache_slots - (held - kept) + (new_page ? 1 : 0);
+    } else if (new_page) {
+      const int64_t leaving = w.window_start - 1;
+      const bool recycled = leaving >= w.sink_end && leaving < held && kv->groups()[static_cast<size_t>(leaving)] != kNoGroup;
+      need_main += recycled ? 0 : 1;
+    }
+    if (new_page) {
+      need_low += 1;
+      need_host += 1;
+    }
+    need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
   }
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   SPIN_CHECK(rows >= n_tokens && rows < std::numeric_limits<int32_t>::max(),
@@ -298,43 +620,138 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   SPIN_CHECK(rows == n_tokens || n_single == n_chunks,
              "attention step: padding rows are only allowed when every chunk has one token");
   {
-    std::lock_guard lock(mutex_);
-    groups_.require(static_cast<uint64_t>(new_groups));  // throws before anything changed
-  }
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    grow(seqs[i]->groups(), pages_for(chunks[i].pos0 + static_cast<int64_t>(chunks[i].tokens.size())));
+    std::lock_guard lock(mutex_);  // throws before anything changed
+    if (need_main > 0) groups_.require(static_cast<uint64_t>(need_main));
+    if (need_low > 0) low_groups_.require(static_cast<uint64_t>(need_low));
+    if (need_host > 0) host_pool_.require(static_cast<uint64_t>(need_host));
+    if (need_chunks > 0) chunk_pool_.require(static_cast<uint64_t>(need_chunks));
   }
 
-  // Table sizes; the fixed-size tables come first so that a decode step's table addresses depend
-  // on its row count alone (a CUDA graph captured for it stays valid).
+  // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
+  std::vector<int32_t> transition_src, transition_dst;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    CudaSequenceKv& kv = *seqs[i];
+    SparseKv* sp = kv.sparse();
+    const auto n = static_cast<int64_t>(chunks[i].tokens.size());
+    const int64_t pos = chunks[i].pos0, end = pos + n;
+    if (sp == nullptr) {
+      grow(kv.groups(), pages_for(end));
+      continue;
+    }
+    std::lock_guard lock(mutex_);
+    const bool decode = is_decode(kv, *sp, n);
+    if (decode || !sp->decoding) {
+      while (static_cast<int64_t>(sp->chunks.size()) < chunks_for(pages_for(end))) sp->chunks.push_back(chunk_pool_.alloc());
+    }
+    if (!decode) {
+      while (static_cast<int64_t>(kv.groups().size()) < pages_for(end)) kv.groups().push_back(groups_.alloc());
+      while (static_cast<int64_t>(sp->low.size()) < pages_for(end)) sp->low.push_back(low_groups_.alloc());
+      while (static_cast<int64_t>(sp->host.size()) < pages_for(end)) sp->host.push_back(host_pool_.alloc());
+      continue;
+    }
+    if (!sp->decoding) {
+      mutex_.unlock();
+      try {
+        end_prefill(kv, pos, transition_src, transition_dst, stream);
+      } catch (...) {
+        mutex_.lock();
+        throw;
+      }
+      mutex_.lock();
+    }
+    ++sp->now;
+    if (pos % ps != 0) continue;
+    std::vector<uint32_t>& groups = kv.groups();
+    const Window w = window_of(*sp, pos / ps);
+    const int64_t leaving = w.window_start - 1;
+    uint32_t group = kNoGroup;
+    if (leaving >= w.sink_end && leaving < static_cast<int64_t>(groups.size()) &&
+        groups[static_cast<size_t>(leaving)] != kNoGroup) {
+      group = std::exchange(groups[static_cast<size_t>(leaving)], kNoGroup);  // in the host tier already
+    } else {
+      group = groups_.alloc();
+    }
+    groups.push_back(group);
+    sp->low.push_back(low_groups_.alloc());
+    sp->host.push_back(host_pool_.alloc());
+  }
+
+  // Table layout. Fixed-size sections first, then lists; in a decode-only step every list gets
+  // the room its row count and context bucket allow, so a step's table addresses depend on those
+  // alone (a CUDA graph captured for them stays valid).
   const int64_t decode_rows = n_single + (rows - n_tokens);
   const int64_t prefill_seqs = n_chunks - n_single;
-  int64_t decode_page_entries = 0, prefill_page_entries = 0, max_decode_tokens = 0, max_new_tokens = 0;
+  const bool decode_only = prefill_seqs == 0;
+  int64_t max_decode_tokens = 0, max_new_tokens = 0;
   for (int64_t i = 0; i < n_chunks; ++i) {
     const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
     const int64_t end = chunk.pos0 + static_cast<int64_t>(chunk.tokens.size());
     if (i < n_single) {
-      decode_page_entries += heads * pages_for(end);
       max_decode_tokens = std::max(max_decode_tokens, end);
     } else {
-      prefill_page_entries += heads * pages_for(end);
       max_new_tokens = std::max<int64_t>(max_new_tokens, static_cast<int64_t>(chunk.tokens.size()));
     }
   }
-  const int64_t at_page_of = 0;
-  const int64_t at_slot_of = at_page_of + rows * heads;
-  const int64_t at_decode_offsets = at_slot_of + rows;
-  const int64_t at_decode_tokens = at_decode_offsets + decode_rows * heads + 1;
-  const int64_t at_prefill_offsets = at_decode_tokens + decode_rows * heads;
-  const int64_t at_prefill_token_offsets = at_prefill_offsets + prefill_seqs * heads + 1;
-  const int64_t at_prefill_first_pos = at_prefill_token_offsets + prefill_seqs + 1;
-  const int64_t at_decode_pages = at_prefill_first_pos + prefill_seqs;
-  const int64_t at_prefill_pages = at_decode_pages + decode_page_entries;
-  const int64_t total = at_prefill_pages + prefill_page_entries;
+  const int64_t bucket = context_bucket(max_decode_tokens);
+  const int64_t max_pages = pages_for(bucket);
+  int64_t total = 0;
+  const auto take = [&total](int64_t entries) {
+    const int64_t at = total;
+    total += entries;
+    return at;
+  };
+  const int64_t items = decode_rows * heads;
+  const int64_t at_page_of = take(rows * heads), at_low_page_of = take(rows * heads), at_host_page_of = take(rows * heads);
+  const int64_t at_slot_of = take(rows);
+  const int64_t at_decode_offsets = take(items + 1), at_decode_tokens = take(items);
+  const int64_t at_low_decode_offsets = take(items + 1), at_low_decode_tokens = take(items);
+  const int64_t at_prefill_offsets = take(prefill_seqs * heads + 1);
+  const int64_t at_prefill_token_offsets = take(prefill_seqs + 1), at_prefill_first_pos = take(prefill_seqs);
+  const int64_t at_first = take(decode_rows), at_end = take(decode_rows), at_dir_offsets = take(decode_rows),
+                at_host_offsets = take(decode_rows), at_cache_offsets = take(decode_rows + 1), at_now = take(decode_rows);
+  const int64_t at_counts = take(items), at_needed_offsets = take(items), at_out_offsets = take(items),
+                at_index_src = take(items), at_index_dst = take(items);
+  const int64_t fixed_end = total;
+
+  // List sizes of this step.
+  int64_t decode_entries = 0, low_decode_entries = 0, prefill_entries = 0, needed_entries = 0, dir_entries = 0,
+          host_entries = 0, cache_entries = 0;
+  for (int64_t i = 0; i < n_chunks; ++i) {
+    const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
+    CudaSequenceKv& kv = *seqs[static_cast<size_t>(i)];
+    const SparseKv* sp = kv.sparse();
+    const int64_t end = chunk.pos0 + static_cast<int64_t>(chunk.tokens.size());
+    if (i >= n_single) {
+      prefill_entries += heads * pages_for(end);
+      continue;
+    }
+    low_decode_entries += heads * pages_for(end);
+    if (sp == nullptr) {
+      decode_entries += heads * pages_for(end);
+      continue;
+    }
+    const int64_t cur = chunk.pos0 / ps;
+    const Window w = window_of(*sp, cur);
+    const int64_t k = std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.window_start - w.sink_end);
+    decode_entries += heads * (w.sink_end + k + cur + 1 - w.window_start);
+    needed_entries += heads * k;
+    dir_entries += static_cast<int64_t>(sp->chunks.size());
+    host_entries += static_cast<int64_t>(sp->host.size());
+    cache_entries += static_cast<int64_t>(sp->cache.size());
+  }
+  const auto room = [&](int64_t used, int64_t bound) { return decode_only ? std::max(used, bound) : used; };
+  const int64_t at_decode_pages = take(room(decode_entries, items * max_pages));
+  const int64_t at_low_decode_pages = take(room(low_decode_entries, items * max_pages));
+  const int64_t at_needed = take(room(needed_entries, items * max_pages));
+  const int64_t at_summary_dir = take(room(dir_entries, decode_rows * chunks_for(max_pages)));
+  const int64_t at_host_groups = take(room(host_entries, decode_rows * max_pages));
+  const int64_t at_cache_groups = take(room(cache_entries, decode_rows * max_cache_slots_));
+  const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
+  const auto transitions = static_cast<int64_t>(transition_src.size());
+  const int64_t at_transition_src = take(transitions), at_transition_dst = take(transitions);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
-  const int64_t bucket = context_bucket(max_decode_tokens);
   bool moved = false;
   if (static_cast<size_t>(total) > tables_.size()) {
     moved |= tables_.reserve(static_cast<size_t>(total + total / 2), "KV step tables");
@@ -344,88 +761,226 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   if (decode_rows > 0) {
     moved |= workspace_.reserve(cuda::paged_decode_workspace_bytes(decode_params(decode_rows, bucket)),
                                 "decode split-K workspace");
+    if (has_host_tier()) {
+      moved |= scores_.reserve(static_cast<size_t>(items * max_pages), "Quest page scores");
+      moved |= counters_.reserve(static_cast<size_t>(decode_rows * 3), "KV cache counters");
+    }
   }
   if (moved) epoch_ = new_buffers_epoch();
 
   // Fill the tables on the host.
   int32_t* t = tables_host_.get();
-  const int32_t scratch = static_cast<int32_t>(groups_total_ - 1);
-  auto page_id = [&](uint32_t group, int64_t head) { return static_cast<int32_t>(int64_t{group} * heads + head); };
+  const auto scratch = static_cast<uint32_t>(groups_total_ - 1);
+  const auto host_scratch = static_cast<uint32_t>(std::max<int64_t>(host_groups_total_ - 1, 0));
   {
     int64_t row = 0;
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
-      const std::vector<uint32_t>& groups = seqs[static_cast<size_t>(i)]->groups();
+      CudaSequenceKv& kv = *seqs[static_cast<size_t>(i)];
+      const SparseKv* sp = kv.sparse();
+      const std::vector<uint32_t>& groups = kv.groups();
       for (size_t k = 0; k < chunk.tokens.size(); ++k, ++row) {
         const int64_t pos = chunk.pos0 + static_cast<int64_t>(k);
-        for (int64_t h = 0; h < heads; ++h) t[at_page_of + row * heads + h] = page_id(groups[pos / page_size_], h);
-        t[at_slot_of + row] = static_cast<int32_t>(pos % page_size_);
+        const auto page = static_cast<size_t>(pos / ps);
+        for (int64_t h = 0; h < heads; ++h) {
+          const int32_t main = page_id(groups[page], h);
+          t[at_page_of + row * heads + h] = main;
+          t[at_low_page_of + row * heads + h] = sp ? low_page_id(sp->low[page], h) : main;
+          t[at_host_page_of + row * heads + h] = page_id(sp ? sp->host[page] : host_scratch, h);
+        }
+        t[at_slot_of + row] = static_cast<int32_t>(pos % ps);
       }
     }
-    for (; row < rows; ++row) {  // padding: the scratch group, slot 0
-      for (int64_t h = 0; h < heads; ++h) t[at_page_of + row * heads + h] = page_id(static_cast<uint32_t>(scratch), h);
+    for (; row < rows; ++row) {  // padding: the scratch groups, slot 0
+      for (int64_t h = 0; h < heads; ++h) {
+        t[at_page_of + row * heads + h] = t[at_low_page_of + row * heads + h] = page_id(scratch, h);
+        t[at_host_page_of + row * heads + h] = page_id(host_scratch, h);
+      }
       t[at_slot_of + row] = 0;
     }
   }
+  bool sparse_decode = false;
   {
-    int64_t decode_at = 0, prefill_at = 0, token_at = 0;
-    t[at_decode_offsets] = 0;
-    t[at_prefill_offsets] = 0;
-    t[at_prefill_token_offsets] = 0;
+    int64_t decode_at = 0, low_decode_at = 0, prefill_at = 0, token_at = 0, needed_at = 0, dir_at = 0, host_at = 0,
+            cache_at = 0;
+    t[at_decode_offsets] = t[at_low_decode_offsets] = t[at_prefill_offsets] = t[at_prefill_token_offsets] = 0;
+    t[at_cache_offsets] = 0;
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
-      const std::vector<uint32_t>& groups = seqs[static_cast<size_t>(i)]->groups();
+      CudaSequenceKv& kv = *seqs[static_cast<size_t>(i)];
+      const SparseKv* sp = kv.sparse();
+      const std::vector<uint32_t>& groups = kv.groups();
       const auto n = static_cast<int64_t>(chunk.tokens.size());
-      const int64_t pages = pages_for(chunk.pos0 + n);
-      const bool decode = i < n_single;
-      const int64_t item0 = decode ? i * heads : (i - n_single) * heads;
-      for (int64_t h = 0; h < heads; ++h) {
-        int64_t& at = decode ? decode_at : prefill_at;
-        int32_t* list = t + (decode ? at_decode_pages : at_prefill_pages) + at;
-        for (int64_t j = 0; j < pages; ++j) list[j] = page_id(groups[static_cast<size_t>(j)], h);
-        at += pages;
-        if (decode) {
-          t[at_decode_offsets + item0 + h + 1] = static_cast<int32_t>(at);
-          t[at_decode_tokens + item0 + h] = static_cast<int32_t>(chunk.pos0 + n);
-        } else {
-          t[at_prefill_offsets + item0 + h + 1] = static_cast<int32_t>(at);
-        }
-      }
-      if (!decode) {
+      const int64_t end = chunk.pos0 + n;
+      const int64_t pages = pages_for(end);
+      if (i >= n_single) {  // prefill: every page, in both layer kinds
         const int64_t s = i - n_single;
+        for (int64_t h = 0; h < heads; ++h) {
+          for (int64_t j = 0; j < pages; ++j) {
+            const int32_t main = page_id(groups[static_cast<size_t>(j)], h);
+            t[at_prefill_pages + prefill_at + j] = main;
+            t[at_low_prefill_pages + prefill_at + j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : main;
+          }
+          prefill_at += pages;
+          t[at_prefill_offsets + s * heads + h + 1] = static_cast<int32_t>(prefill_at);
+        }
         token_at += n;
         t[at_prefill_token_offsets + s + 1] = static_cast<int32_t>(token_at);
         t[at_prefill_first_pos + s] = static_cast<int32_t>(chunk.pos0);
+        continue;
       }
+      // Decode row i.
+      const int64_t cur = chunk.pos0 / ps;
+      const Window w = sp ? window_of(*sp, cur) : Window{0, 0};
+      const int64_t k =
+          sp ? std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.window_start - w.sink_end) : 0;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t item = i * heads + h;
+        int32_t* low_list = t + at_low_decode_pages + low_decode_at;
+        for (int64_t j = 0; j < pages; ++j) {
+          low_list[j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : page_id(groups[static_cast<size_t>(j)], h);
+        }
+        low_decode_at += pages;
+        t[at_low_decode_offsets + item + 1] = static_cast<int32_t>(low_decode_at);
+        t[at_low_decode_tokens + item] = static_cast<int32_t>(end);
+        int32_t* list = t + at_decode_pages + decode_at;
+        int64_t len = 0;
+        t[at_counts + item] = 0;
+        t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
+        t[at_out_offsets + item] = 0;
+        t[at_index_src + item] = -1;
+        t[at_index_dst + item] = 0;
+        if (sp == nullptr) {
+          for (int64_t j = 0; j < pages; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
+          t[at_decode_tokens + item] = static_cast<int32_t>(end);
+        } else {
+          for (int64_t j = 0; j < w.sink_end; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
+          t[at_out_offsets + item] = static_cast<int32_t>(decode_at + len);
+          for (int64_t j = 0; j < k; ++j) list[len++] = -1;  // the selected pages' slots (retrieve)
+          for (int64_t j = w.window_start; j <= cur; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
+          t[at_decode_tokens + item] = static_cast<int32_t>((len - 1) * ps + chunk.pos0 % ps + 1);
+          t[at_counts + item] = static_cast<int32_t>(k);
+          needed_at += k;
+          if ((chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
+            t[at_index_src + item] = page_id(groups[static_cast<size_t>(cur)], h);
+            t[at_index_dst + item] =
+                summary_entry(sp->chunks[static_cast<size_t>(cur / cuda::kSummaryChunkPages)], h, cur);
+          }
+        }
+        decode_at += len;
+        t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
+      }
+      t[at_first + i] = static_cast<int32_t>(w.sink_end);
+      t[at_end + i] = static_cast<int32_t>(w.window_start);
+      t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
+      t[at_host_offsets + i] = static_cast<int32_t>(host_at);
+      t[at_now + i] = static_cast<int32_t>(sp ? sp->now : 0);
+      if (sp != nullptr) {
+        sparse_decode = true;
+        for (uint32_t c : sp->chunks) t[at_summary_dir + dir_at++] = static_cast<int32_t>(c);
+        for (uint32_t g : sp->host) t[at_host_groups + host_at++] = static_cast<int32_t>(g);
+        for (uint32_t g : sp->cache) t[at_cache_groups + cache_at++] = static_cast<int32_t>(g);
+      }
+      t[at_cache_offsets + i + 1] = static_cast<int32_t>(cache_at);
     }
-    for (int64_t item = n_single * heads; item < decode_rows * heads; ++item) {  // padding: no keys
-      t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
-      t[at_decode_tokens + item] = 0;
+    for (int64_t i = n_single; i < decode_rows; ++i) {  // padding rows: no keys, nothing to select
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t item = i * heads + h;
+        t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
+        t[at_decode_tokens + item] = 0;
+        t[at_low_decode_offsets + item + 1] = static_cast<int32_t>(low_decode_at);
+        t[at_low_decode_tokens + item] = 0;
+        t[at_counts + item] = 0;
+        t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
+        t[at_out_offsets + item] = 0;
+        t[at_index_src + item] = -1;
+        t[at_index_dst + item] = 0;
+      }
+      t[at_first + i] = t[at_end + i] = 0;
+      t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
+      t[at_host_offsets + i] = static_cast<int32_t>(host_at);
+      t[at_now + i] = 0;
+      t[at_cache_offsets + i + 1] = static_cast<int32_t>(cache_at);
     }
   }
-  cuda_check(cudaMemcpyAsync(tables_.get(), t, static_cast<size_t>(total) * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             stream),
-             "KV table upload");
+  std::copy(transition_src.begin(), transition_src.end(), t + at_transition_src);
+  std::copy(transition_dst.begin(), transition_dst.end(), t + at_transition_dst);
+
+  // Upload what this step filled: the fixed block, then each list's used part.
+  const auto upload = [&](int64_t at, int64_t count) {
+    if (count <= 0) return;
+    cuda_check(cudaMemcpyAsync(tables_.get() + at, t + at, static_cast<size_t>(count) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, stream),
+               "KV table upload");
+  };
+  upload(0, fixed_end);
+  upload(at_decode_pages, decode_entries);
+  upload(at_low_decode_pages, low_decode_entries);
+  upload(at_summary_dir, dir_entries);
+  upload(at_host_groups, host_entries);
+  upload(at_cache_groups, cache_entries);
+  upload(at_prefill_pages, at_transition_dst + transitions - at_prefill_pages);
   cuda_check(cudaEventRecord(upload_done_, stream), "KV table upload");
 
   for (size_t i = 0; i < chunks.size(); ++i) {
     seqs[i]->stored(chunks[i].pos0 + static_cast<int64_t>(chunks[i].tokens.size()));
   }
-  const int32_t* d = tables_.get();
+  int32_t* d = tables_.get();
   step_ = Step{.rows = rows,
                .decode_rows = decode_rows,
                .prefill_seqs = prefill_seqs,
                .max_new_tokens = max_new_tokens,
                .context_bucket = bucket,
+               .sparse_rows = sparse_rows,
+               .sparse_decode = sparse_decode,
+               .max_candidates = static_cast<int32_t>(max_pages),
                .page_of = d + at_page_of,
+               .low_page_of = d + at_low_page_of,
+               .host_page_of = d + at_host_page_of,
                .slot_of = d + at_slot_of,
                .decode_offsets = d + at_decode_offsets,
                .decode_tokens = d + at_decode_tokens,
                .decode_pages = d + at_decode_pages,
+               .low_decode_offsets = d + at_low_decode_offsets,
+               .low_decode_tokens = d + at_low_decode_tokens,
+               .low_decode_pages = d + at_low_decode_pages,
                .prefill_offsets = d + at_prefill_offsets,
                .prefill_token_offsets = d + at_prefill_token_offsets,
                .prefill_first_pos = d + at_prefill_first_pos,
-               .prefill_pages = d + at_prefill_pages};
+               .prefill_pages = d + at_prefill_pages,
+               .low_prefill_pages = d + at_low_prefill_pages,
+               .first_candidate = d + at_first,
+               .end_candidate = d + at_end,
+               .dir_offsets = d + at_dir_offsets,
+               .summary_dir = d + at_summary_dir,
+               .host_offsets = d + at_host_offsets,
+               .host_groups = d + at_host_groups,
+               .cache_offsets = d + at_cache_offsets,
+               .cache_groups = d + at_cache_groups,
+               .now = reinterpret_cast<const uint32_t*>(d + at_now),
+               .counts = d + at_counts,
+               .needed_offsets = d + at_needed_offsets,
+               .needed = d + at_needed,
+               .out_offsets = d + at_out_offsets,
+               .decode_pages_mutable = d + at_decode_pages,
+               .index_src = d + at_index_src,
+               .index_dst = d + at_index_dst};
+
+  // Sparse sequences that just ended their prefill: summaries of all their complete pages, in every
+  // sparse layer (eagerly, before the step's kernels; never part of a captured graph).
+  if (transitions > 0) {
+    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+      cuda::QuestIndexParams p;
+      p.kv_pool = pool_.get() + layer_offset(l);
+      p.src_pages = d + at_transition_src;
+      p.dst_entries = d + at_transition_dst;
+      p.num_pages = static_cast<int>(transitions);
+      p.head_dim = static_cast<int>(shape_.head_dim);
+      p.page_size = static_cast<int>(page_size_);
+      p.summaries = summaries_.get() + summary_layer_offset(l);
+      cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
+    }
+  }
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_};
 }
 
@@ -434,20 +989,97 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
   SPIN_CHECK(layer >= 0 && layer < shape_.n_layers, "attention forward: layer {} of {}", layer, shape_.n_layers);
   SPIN_CHECK(row_stride >= q_width_ + 2 * shape_.n_kv_heads * shape_.head_dim,
              "attention forward: row stride {} is narrower than q, k and v", row_stride);
-  bf16* pool = pool_.get() + static_cast<size_t>(layer) * layer_elems_;
+  // The first dense layers of sparse sequences attend over every page, kept in their own groups.
+  const bool dense_layer = layer < dense_layers_;
+  bf16* pool = pool_.get() + layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
   const int head_dim = static_cast<int>(shape_.head_dim);
-  cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, step_.page_of, step_.slot_of, step_.rows, heads,
-                                       head_dim, static_cast<int>(page_size_), pool, stream),
+  const int rows = static_cast<int>(step_.rows);
+  cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, dense_layer ? step_.low_page_of : step_.page_of,
+                                       step_.slot_of, step_.rows, heads, head_dim, static_cast<int>(page_size_), pool,
+                                       stream),
              "KV store");
+  if (step_.sparse_rows && !dense_layer) {  // write-through to the host tier
+    cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, step_.host_page_of, step_.slot_of, step_.rows,
+                                         heads, head_dim, static_cast<int>(page_size_),
+                                         host_device_ + host_layer_offset(layer), stream),
+               "KV host-tier write");
+  }
   if (step_.decode_rows > 0) {
     // The decode kernel reads q as [rows][heads][head_dim] without a row stride.
     const size_t q_bytes = static_cast<size_t>(q_width_) * sizeof(bf16);
     cuda_check(cudaMemcpy2DAsync(decode_q_.get(), q_bytes, qkv, static_cast<size_t>(row_stride) * sizeof(bf16),
                                  q_bytes, static_cast<size_t>(step_.decode_rows), cudaMemcpyDeviceToDevice, stream),
                "decode query copy");
+    const int decode_rows = static_cast<int>(step_.decode_rows);
+    if (step_.sparse_decode && !dense_layer) {
+      bf16* summaries = summaries_.get() + summary_layer_offset(layer);
+      cuda::QuestIndexParams index;
+      index.kv_pool = pool;
+      index.src_pages = step_.index_src;
+      index.dst_entries = step_.index_dst;
+      index.num_pages = decode_rows * heads;
+      index.head_dim = head_dim;
+      index.page_size = static_cast<int>(page_size_);
+      index.summaries = summaries;
+      cuda_check(cuda::quest_index_pages(index, stream), "Quest index");
+      cuda::QuestScoreParams score;
+      score.q = decode_q_.get();
+      score.summaries = summaries;
+      score.summary_dir = step_.summary_dir;
+      score.dir_offsets = step_.dir_offsets;
+      score.first_candidate = step_.first_candidate;
+      score.end_candidate = step_.end_candidate;
+      score.num_seqs = decode_rows;
+      score.num_kv_heads = heads;
+      score.group = static_cast<int>(group_size_);
+      score.head_dim = head_dim;
+      score.max_candidates = step_.max_candidates;
+      score.scores = scores_.get();
+      cuda_check(cuda::quest_score_pages(score, stream), "Quest scores");
+      cuda::SelectTopParams select;
+      select.scores = scores_.get();
+      select.max_candidates = step_.max_candidates;
+      select.first_candidate = step_.first_candidate;
+      select.end_candidate = step_.end_candidate;
+      select.counts = step_.counts;
+      select.out_offsets = step_.needed_offsets;
+      select.num_seqs = decode_rows;
+      select.num_kv_heads = heads;
+      select.out_pages = step_.needed;
+      cuda_check(cuda::select_top_pages(select, stream), "top-page select");
+      cuda::PageCacheParams cache;
+      cache.num_seqs = decode_rows;
+      cache.num_kv_heads = heads;
+      cache.num_layers = static_cast<int>(shape_.n_layers);
+      cache.layer = static_cast<int>(layer);
+      cache.head_dim = head_dim;
+      cache.page_size = static_cast<int>(page_size_);
+      cache.needed = step_.needed;
+      cache.needed_offsets = step_.needed_offsets;
+      cache.needed_counts = step_.counts;
+      cache.cache_groups = step_.cache_groups;
+      cache.cache_offsets = step_.cache_offsets;
+      cache.host_groups = step_.host_groups;
+      cache.host_offsets = step_.host_offsets;
+      cache.now = step_.now;
+      cache.slot_page = slot_page_.get();
+      cache.slot_stamp = slot_stamp_.get();
+      cache.host_pool = host_device_ + host_layer_offset(layer);
+      cache.device_pool = pool;
+      cache.out_pages = step_.decode_pages_mutable;
+      cache.out_offsets = step_.out_offsets;
+      cache.counters = counters_.get();
+      cache.error = cache_error_.get();
+      cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
+    }
     cuda::PagedDecodeParams p = decode_params(step_.decode_rows, step_.context_bucket);
     p.kv_pool = pool;
+    if (dense_layer) {
+      p.page_ids = step_.low_decode_pages;
+      p.list_offsets = step_.low_decode_offsets;
+      p.num_tokens = step_.low_decode_tokens;
+    }
     cuda_check(cuda::paged_decode_attention(p, out, workspace_.get(), workspace_.bytes(), stream),
                "paged decode attention");
   }
@@ -456,7 +1088,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     p.q = qkv + step_.decode_rows * row_stride;
     p.q_row_stride = row_stride;
     p.kv_pool = pool;
-    p.page_ids = step_.prefill_pages;
+    p.page_ids = dense_layer ? step_.low_prefill_pages : step_.prefill_pages;
     p.list_offsets = step_.prefill_offsets;
     p.token_offsets = step_.prefill_token_offsets;
     p.first_pos = step_.prefill_first_pos;
@@ -470,6 +1102,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     cuda_check(cuda::paged_prefill_attention(p, out + step_.decode_rows * q_width_, stream),
                "paged prefill attention");
   }
+  (void)rows;
 }
 
 CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape, const CudaPagedKvConfig& config)
@@ -477,11 +1110,20 @@ CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape
 
 CudaPagedAttentionFactory::~CudaPagedAttentionFactory() = default;
 
+std::vector<std::string> CudaPagedAttentionFactory::algorithms() const {
+  if (store_->has_host_tier()) return {"dense", kGpuSparseAlgorithm};
+  return {"dense"};
+}
+
 void CudaPagedAttentionFactory::validate(const AttentionSettings& settings) const {
+  if (settings.algorithm == kGpuSparseAlgorithm) {
+    store_->resolve_sparse(settings);
+    return;
+  }
   SPIN_CHECK(settings.algorithm == "dense",
-             "attention algorithm '{}' is not available on the CUDA backend yet (available: dense; sparse "
-             "algorithms run with --device cpu)",
-             settings.algorithm);
+             "attention algorithm '{}' is not available on the CUDA backend yet (available: dense{}; the others run "
+             "with --device cpu)",
+             settings.algorithm, store_->has_host_tier() ? ", quest" : "; quest with --kv-host-pages");
   AttentionFactory::validate(settings);
 }
 
@@ -489,15 +1131,31 @@ std::unique_ptr<SequenceKv> CudaPagedAttentionFactory::create(const AttentionSet
   validate(settings);
   SPIN_CHECK(max_tokens > 0 && max_tokens < std::numeric_limits<int32_t>::max(),
              "attention capacity must be in 1..2^31-1, got {}", max_tokens);
-  return std::make_unique<CudaSequenceKv>(store_, max_tokens);
+  std::unique_ptr<SparseKv> sparse;
+  if (settings.algorithm == kGpuSparseAlgorithm) {
+    sparse = std::make_unique<SparseKv>();
+    sparse->settings = store_->resolve_sparse(settings);
+    sparse->cache_slots = store_->cache_slots(sparse->settings, max_tokens);
+  }
+  return std::make_unique<CudaSequenceKv>(store_, max_tokens, std::move(sparse));
 }
 
-KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings&, int64_t tokens, int64_t, bool, int64_t) const {
-  return KvDemand{.device_pages = store_->pages_for(tokens) * store_->pages_per_group()};
+KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens,
+                                           bool decoding, int64_t) const {
+  const int64_t pages = store_->pages_for(tokens);
+  if (settings.algorithm != kGpuSparseAlgorithm) return KvDemand{.device_pages = pages * store_->pages_per_group()};
+  const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
+  const int64_t resident =
+      decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->cache_slots(r, max_tokens)
+               : pages;
+  return KvDemand{.device_pages = resident * store_->pages_per_group() + pages * store_->pages_per_low_group(),
+                  .host_pages = pages * store_->pages_per_group()};
 }
 
-KvDemand CudaPagedAttentionFactory::capacity() const {
-  return KvDemand{.device_pages = store_->usable_groups() * store_->pages_per_group()};
+KvDemand CudaPagedAttentionFactory::capacity() const { return store_->capacity(); }
+
+bool CudaPagedAttentionFactory::single_token_is_decode(const AttentionSettings& settings) const {
+  return settings.algorithm == kGpuSparseAlgorithm;
 }
 
 std::optional<KvStoreUsage> CudaPagedAttentionFactory::usage() const { return store_->usage(); }
@@ -505,6 +1163,7 @@ std::optional<KvStoreUsage> CudaPagedAttentionFactory::usage() const { return st
 void CudaPagedAttentionFactory::append_uncomputed(SequenceKv& kv, int64_t tokens) {
   auto* seq = dynamic_cast<CudaSequenceKv*>(&kv);
   SPIN_CHECK(seq != nullptr && seq->owner() == store_.get(), "append_uncomputed: KV from another store");
+  SPIN_CHECK(seq->sparse() == nullptr, "append_uncomputed: dense KV only");
   const int64_t end = seq->length() + tokens;
   SPIN_CHECK(tokens >= 0 && end <= seq->max_tokens(), "KV cache full: {} tokens requested, capacity {}", end,
              seq->max_tokens());

@@ -1,19 +1,30 @@
 #pragma once
-// Dense paged attention on the GPU: the KV store the CUDA model attends through and the
-// AttentionFactory the Engine gets per-request KV from (admitting and preempting by its pages).
+// Paged attention on the GPU: the KV store the CUDA model attends through and the AttentionFactory
+// the Engine gets per-request KV from (admitting and preempting by its pages). Two algorithms run
+// here: `dense` (every page on the device) and `quest` (sparse decode over a two-tier store).
 //
 // The pool is one device allocation of bf16 pages; a page holds page_size tokens of K and V for
 // ONE (layer, KV head), as on the CPU (kv/layout.h). Dense attention needs the same positions in
 // every (layer, KV head) at once, so pages are handed out in groups, one page per (layer, KV head)
 // for the same page_size positions, through kv::IdPool (the pool code of the CPU store). Group g's
-// page of (layer l, KV head h) is physical page l * groups * kv_heads + g * kv_heads + h: seen from
-// layer l's slice of the pool it has id g * kv_heads + h, so one page list per (sequence, KV head)
-// serves every layer and a step uploads lists for one layer's worth of pages, not n_layers of them.
+// page of (layer l, KV head h) has id g * kv_heads + h in layer l's slice of the pool, so one page
+// list per (sequence, KV head) serves every layer and a step uploads lists for one layer's worth of
+// pages, not n_layers of them.
 //
 // Per step (DeviceAttention::begin_step) the store allocates the new tokens' groups, builds the
-// slot maps and page lists once on the host, uploads them in one asynchronous copy, and per layer
-// launches store_kv_pages_bf16, then paged_decode_attention for single-token chunks and
-// paged_prefill_attention for longer ones (kernels/cuda). Only the "dense" algorithm runs here.
+// slot maps and page lists once on the host, uploads them, and per layer launches
+// store_kv_pages_bf16, then paged_decode_attention for single-token chunks and
+// paged_prefill_attention for longer ones (kernels/cuda).
+//
+// Quest (sparse) requests, when the store has a host tier (pinned host memory the GPU reads
+// directly): prefill is dense, with every token also written through to the host tier. At the
+// first decode step the store indexes every complete page (Quest's min/max key summaries, on the
+// device) and keeps on the device only the sink and recent-window pages plus a cache of slots per
+// (layer, KV head); the first dense layers keep all their pages, in groups that exist only in those
+// layers' slices of the pool (which are larger). Each decode step, per sparse layer, with no host
+// round trip: Index the page that just filled, score the candidate pages against the queries,
+// select the top pages per KV head, Retrieve them into the cache slots (bucketed LRU, zero-copy
+// gather of the misses from the host tier), then attend over sinks + selected + window.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -32,6 +43,15 @@ struct CudaPagedKvConfig {
   double gpu_memory_utilization = 0.9;
   int64_t max_batch = 1;     // requests decoding together (sizes the step tables up front)
   int64_t max_context = 0;   // tokens per request
+  // Host tier in pages (one layer x KV head each), pinned and mapped; 0: none, and only `dense`
+  // runs. Sparse requests hold their whole KV there after the prefill.
+  int64_t host_pages = 0;
+  // With a host tier: the share of the device pool's bytes for the first dense layers of sparse
+  // requests (every page of those layers stays on the device).
+  double dense_layer_share = 0.2;
+  // Cache slots of a sparse request per (layer, KV head): (1 + buffer_factor) x its largest
+  // selection (SPEC: a buffer of up to 5x the mandatory pages).
+  double buffer_factor = 5.0;
 };
 
 class CudaKvStore;
@@ -41,16 +61,19 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   CudaPagedAttentionFactory(const AttentionShape& shape, const CudaPagedKvConfig& config);
   ~CudaPagedAttentionFactory() override;
 
-  std::vector<std::string> algorithms() const override { return {"dense"}; }
+  std::vector<std::string> algorithms() const override;
   void validate(const AttentionSettings& settings) const override;
   std::unique_ptr<SequenceKv> create(const AttentionSettings& settings, int64_t max_tokens) override;
-  // Device pages: one per (layer, KV head) per page_size tokens; no host tier.
+  // Dense: one device page per (layer, KV head) per page_size tokens. Quest: the same during the
+  // prefill, then the sinks, window and cache slots of every layer plus all pages of the first
+  // dense layers; every page also in the host tier.
   KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens, bool decoding,
                   int64_t block_tokens) const override;
   KvDemand capacity() const override;
+  bool single_token_is_decode(const AttentionSettings& settings) const override;
   std::optional<KvStoreUsage> usage() const override;
 
-  // Benchmarks: makes `kv` hold `tokens` more tokens without computing them (their K/V are
+  // Benchmarks: makes `kv` (dense) hold `tokens` more tokens without computing them (their K/V are
   // whatever the pages hold). Decode time depends on how many keys there are, not on their values,
   // so long contexts can be timed without prefilling them. Throws kv::PoolExhausted when short.
   void append_uncomputed(SequenceKv& kv, int64_t tokens);

@@ -49,20 +49,32 @@ NcclCommunicator::NcclCommunicator(const NcclId& id, int rank, int world_size, i
   SPIN_CHECK(set == cudaSuccess, "NCCL: cannot use GPU {}: {}", device, cudaGetErrorString(set));
   ncclUniqueId nccl_id;
   std::memcpy(&nccl_id, id.bytes.data(), sizeof(nccl_id));
-  check_nccl(ncclCommInitRank(&comm_, world_size, nccl_id, rank), "ncclCommInitRank");
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, world_size, nccl_id, rank), "ncclCommInitRank");
+  comm_ = comm;
+}
+
+void NcclCommunicator::abort() {
+  ncclComm_t comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return;
+  cudaSetDevice(device_);
+  ncclCommAbort(comm);
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  if (!comm_) return;
+  ncclComm_t comm = comm_.exchange(nullptr);
+  if (comm == nullptr) return;  // never made, or aborted
   cudaSetDevice(device_);
   // Flushes this rank's pending collectives before freeing; errors cannot be reported here.
-  ncclCommFinalize(comm_);
-  ncclCommDestroy(comm_);
+  ncclCommFinalize(comm);
+  ncclCommDestroy(comm);
 }
 
 void NcclCommunicator::all_reduce(void* data, size_t count, int nccl_type, cudaStream_t stream) {
   SPIN_CHECK(data != nullptr || count == 0, "NCCL all-reduce: null buffer of {} values", count);
-  check_nccl(ncclAllReduce(data, data, count, static_cast<ncclDataType_t>(nccl_type), ncclSum, comm_, stream),
+  ncclComm_t comm = comm_.load();
+  SPIN_CHECK(comm != nullptr, "NCCL all-reduce on rank {}: the communicator was aborted after a rank failed", rank_);
+  check_nccl(ncclAllReduce(data, data, count, static_cast<ncclDataType_t>(nccl_type), ncclSum, comm, stream),
              "ncclAllReduce");
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 
 struct ncclComm;  // nccl.h's ncclComm_t is ncclComm*; kept out of this header
@@ -44,6 +45,11 @@ class NcclCommunicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
+  // Aborts every operation of this communicator still pending (its kernels return) and makes it
+  // unusable: after a rank failed mid-step, the ranks waiting for it in a collective would
+  // otherwise wait forever. Any thread may call it, once the failure is known.
+  void abort();
+
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   int device() const { return device_; }
@@ -57,7 +63,7 @@ class NcclCommunicator {
  private:
   void all_reduce(void* data, size_t count, int nccl_type, cudaStream_t stream);
 
-  ncclComm* comm_ = nullptr;
+  std::atomic<ncclComm*> comm_{nullptr};
   int rank_ = 0;
   int world_size_ = 1;
   int device_ = 0;

@@ -24,13 +24,27 @@
 //  2. free slots for the misses, in this order: empty slots by ascending slot index, then victims
 //     among the non-needed occupied slots chosen as BucketedLruPicker::pick does (stamps mapped to
 //     `buckets` buckets over [oldest, now), oldest bucket first, ascending logical page inside the
-//     last bucket taken), in the order pick returns them;
+//     last bucket taken), in pick's order: the whole buckets' victims by ascending slot index (the
+//     candidate order), then the last bucket's by ascending logical page (pick's nth_element
+//     leaves their order open; this fixes it);
 //  3. the k-th miss (in needed order) goes to the k-th free slot: its page is copied from the host
 //     tier, the slot gets the page and stamp now;
 //  4. out_pages[out_offsets[i] + j] = device page id holding needed page j.
 // Counters per seq (atomic adds): [seq * 3 + 0] hits, [+1] misses, [+2] evictions (victims of
-// step 2 that held a page). Requires needed_counts[i] <= the request's slots; an item that breaks
-// this writes -1 to its out_pages and sets *error = 1 instead of touching its slots.
+// step 2 that held a page). Requires needed_counts[i] <= the request's slots <= kMaxCacheSlots;
+// an item that breaks this writes -1 to its out_pages and sets *error = 1 instead of touching its
+// slots. Launch errors: cudaErrorInvalidValue for bad parameters (null pointers, pools not
+// 16-byte aligned, page bytes not a multiple of 16, buckets outside 1..kMaxLruBuckets).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace spin::cuda {
+
+inline constexpr int kMaxCacheSlots = 4096;  // slots per request (one thread block holds them all)
+inline constexpr int kMaxLruBuckets = 4096;
+
 struct PageCacheParams {
   int num_seqs = 0;
   int num_kv_heads = 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/per_device.h"
+
 namespace spin::cuda {
 
 namespace {
@@ -482,10 +484,10 @@ bool allow_smem() {
 }
 
 // Blocks of the kernel for head dim D that fit on one SM (shared memory bounds it); also lets
-// every variant use that much dynamic shared memory. Computed once per head dim.
+// every variant use that much dynamic shared memory. Computed once per head dim and device.
 template <int D>
 int blocks_per_sm() {
-  static const int blocks = [] {
+  return per_device<int>([] {
     int n = 0;
     const bool ok = allow_smem<D, float, Copy::kThread16>() &&
                     allow_smem<D, float, Copy::kThread16L2>() && allow_smem<D, float, Copy::kWarp512>() &&
@@ -497,8 +499,7 @@ int blocks_per_sm() {
                    cudaSuccess)
       n = 0;
     return n;
-  }();
-  return blocks;
+  });
 }
 
 Copy load_path(const PagedDecodeParams& p) {
@@ -567,12 +568,12 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  static const bool hopper = [] {  // programmatic dependent launch needs sm_90
+  const bool hopper = per_device<bool>([] {  // programmatic dependent launch needs sm_90
     int device = 0, major = 0;
     return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
            major >= 9;
-  }();
+  });
   cfg.attrs = &attr;
   cfg.numAttrs = hopper ? 1 : 0;
   const float* partial_out = ws_out;

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/per_device.h"
+
 namespace spin::cuda {
 
 namespace {
@@ -373,9 +375,10 @@ bool valid_params(const PagedPrefillParams& p, const __nv_bfloat16* out) {
 template <int D, int kWarps, int kRowFrags>
 cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream) {
   using C = Config<D, kWarps, kRowFrags>;
-  static const cudaError_t smem_status =
-      cudaFuncSetAttribute(paged_prefill_kernel<D, kWarps, kRowFrags>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  const cudaError_t smem_status = per_device<cudaError_t>([] {
+    return cudaFuncSetAttribute(paged_prefill_kernel<D, kWarps, kRowFrags>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  });
   if (smem_status != cudaSuccess) return smem_status;
   const int64_t q_row_stride =
       p.q_row_stride > 0 ? p.q_row_stride : static_cast<int64_t>(p.num_kv_heads) * p.group * D;

@@ -447,9 +447,15 @@ namespace {
 // TensorParallelModel destroys every rank at once, each on its own thread.
 class CudaRank final : public ForwardModel {
  public:
-  CudaRank(std::unique_ptr<cuda::NcclCommunicator> communicator, std::unique_ptr<CudaModel> model)
-      : communicator_(std::move(communicator)), model_(std::move(model)) {}
-  ~CudaRank() override { model_.reset(); }
+  // `registered` is this rank's entry in the list the failure path aborts; cleared before the
+  // communicator goes.
+  CudaRank(std::unique_ptr<cuda::NcclCommunicator> communicator, std::unique_ptr<CudaModel> model,
+           cuda::NcclCommunicator** registered)
+      : communicator_(std::move(communicator)), model_(std::move(model)), registered_(registered) {}
+  ~CudaRank() override {
+    model_.reset();
+    *registered_ = nullptr;
+  }
 
   const ModelConfig& config() const override { return model_->config(); }
   AttentionShape attention_shape() const override { return model_->attention_shape(); }
@@ -460,6 +466,7 @@ class CudaRank final : public ForwardModel {
  private:
   std::unique_ptr<cuda::NcclCommunicator> communicator_;
   std::unique_ptr<CudaModel> model_;
+  cuda::NcclCommunicator** registered_;
 };
 #endif
 
@@ -495,12 +502,23 @@ CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, 
   // The ranks' step barrier (CudaModelOptions::ranks_ready); a failing rank aborts it so the
   // others do not wait for it.
   auto group = std::make_shared<InProcessGroup>(world);
-  RankLinks links{.abort = [group] { group->abort(); }, .reset = [group] { group->reset(); }};
+  // A rank that fails after the others enqueued a collective leaves them waiting on their GPUs:
+  // aborting every communicator makes those collectives return, and the step fails everywhere.
+  auto communicators = std::make_shared<std::vector<cuda::NcclCommunicator*>>(static_cast<size_t>(world), nullptr);
+  RankLinks links{.abort =
+                      [group, communicators] {
+                        group->abort();
+                        for (cuda::NcclCommunicator* c : *communicators) {
+                          if (c != nullptr) c->abort();
+                        }
+                      },
+                  .reset = [group] { group->reset(); }};
   out.model = std::make_unique<TensorParallelModel>(
       config, world,
       [&](int r) -> std::unique_ptr<ForwardModel> {
         cuda_check(cudaSetDevice(r), "cudaSetDevice");
         auto communicator = std::make_unique<cuda::NcclCommunicator>(id, r, world, r);
+        (*communicators)[static_cast<size_t>(r)] = communicator.get();
         CudaModelOptions rank_options = options;
         rank_options.device = r;
         rank_options.communicator = communicator.get();
@@ -511,7 +529,8 @@ CudaTensorParallel make_cuda_tensor_parallel_model(const ModelWeights* weights, 
         auto model = weights ? std::make_unique<CudaModel>(shard_weights(*weights, r, world), rank_options)
                              : std::make_unique<CudaModel>(shard_config(config, world), seed, rank_options);
         out.ranks[static_cast<size_t>(r)] = model.get();
-        return std::make_unique<CudaRank>(std::move(communicator), std::move(model));
+        return std::make_unique<CudaRank>(std::move(communicator), std::move(model),
+                                          &(*communicators)[static_cast<size_t>(r)]);
       },
       std::move(links));
   return out;

@@ -1,0 +1,339 @@
+#include "kernels/cuda/page_cache.h"
+
+#include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+
+#include "kernels/cuda/host_pages.cuh"
+
+namespace spin::cuda {
+
+namespace {
+
+constexpr int kThreads = 512;
+// Slots, needed pages and histogram buckets are held blocked: thread t owns indices
+// [t * kPerThread, (t + 1) * kPerThread), so block scans rank them in index order.
+constexpr int kPerThread = kMaxCacheSlots / kThreads;
+constexpr int kUnroll = 8;  // 16-byte host loads in flight per thread before the first store
+constexpr int32_t kNoSlot = INT32_MAX;
+static_assert(kPerThread * kThreads == kMaxCacheSlots);
+static_assert(kMaxLruBuckets <= kMaxCacheSlots);
+// Two ranks share one scan (16 bits each), so every count must stay below 2^16.
+static_assert(kMaxCacheSlots < (1 << 16));
+
+using Scan = cub::BlockScan<uint32_t, kThreads>;
+using SortByLogical = cub::BlockRadixSort<uint32_t, kThreads, kPerThread, int32_t>;
+
+// Phases reuse memory: the residency/victim tables live until the table update, the copy list
+// only after it; the needed pages, the histogram and the sort never overlap in time.
+struct Shared {
+  union {
+    struct {
+      int32_t hit_slot[kMaxCacheSlots];   // per needed page: the slot holding it, or kNoSlot
+      int16_t free_slot[kMaxCacheSlots];  // the k-th free slot, for the k-th miss
+      union {
+        int32_t needed[kMaxCacheSlots];
+        uint32_t histogram[kMaxLruBuckets];
+        SortByLogical::TempStorage sort;
+      } scratch;
+    } select;
+    struct {
+      int32_t src[kMaxCacheSlots];  // host page of the k-th miss
+      int32_t dst[kMaxCacheSlots];  // device page it goes to
+    } copy;
+  };
+  Scan::TempStorage scan;
+  uint32_t oldest;
+  uint32_t max_logical;
+  uint32_t boundary;
+  uint32_t taken;
+};
+
+// First index in sorted[0, n) whose value is >= key.
+__device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t key) {
+  int lo = 0;
+  while (n > 0) {
+    const int half = n / 2;
+    if (sorted[lo + half] < key) {
+      lo += half + 1;
+      n -= half + 1;
+    } else {
+      n = half;
+    }
+  }
+  return lo;
+}
+
+// One block per item (seq, KV head). Every branch that encloses a __syncthreads or a block
+// collective depends only on values all threads read alike (the item's counts) or on block
+// totals, so control flow around barriers is uniform. Two blocks per SM (64 registers) keep more
+// host reads in flight than one.
+__global__ void __launch_bounds__(kThreads, 2)
+    retrieve_cached_pages_kernel(const PageCacheParams p) {
+  __shared__ Shared sh;
+  const int tid = threadIdx.x;
+  const int item = blockIdx.x;
+  const int heads = p.num_kv_heads;
+  const int seq = item / heads;
+  const int head = item - seq * heads;
+  const int32_t cache_begin = p.cache_offsets[seq];
+  const int slots = p.cache_offsets[seq + 1] - cache_begin;
+  const int count = p.needed_counts[item];
+  const int32_t* needed = p.needed + p.needed_offsets[item];
+  int32_t* out = p.out_pages + p.out_offsets[item];
+
+  if (count < 0 || count > slots || slots > kMaxCacheSlots) {
+    for (int k = tid; k < count; k += kThreads) out[k] = -1;
+    if (tid == 0) *p.error = 1;
+    return;
+  }
+
+  const uint32_t now = p.now[seq];
+  const int32_t* groups = p.cache_groups + cache_begin;
+  auto state_index = [&](int32_t group) {
+    return (static_cast<int64_t>(group) * p.num_layers + p.layer) * heads + head;
+  };
+
+  for (int k = tid; k < count; k += kThreads) {
+    sh.select.scratch.needed[k] = needed[k];
+    sh.select.hit_slot[k] = kNoSlot;
+  }
+  if (tid == 0) {
+    sh.oldest = now;
+    sh.max_logical = 0;
+  }
+  int32_t page[kPerThread];
+  uint32_t stamp[kPerThread];
+  int32_t group[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int j = tid * kPerThread + i;
+    page[i] = -1;
+    stamp[i] = 0;
+    group[i] = -1;
+    if (j < slots) {
+      group[i] = groups[j];
+      const int64_t s = state_index(group[i]);
+      page[i] = p.slot_page[s];
+      stamp[i] = p.slot_stamp[s];
+    }
+  }
+  __syncthreads();
+
+  // Hits. A needed page held by several slots (a corrupt table) counts once, in the lowest slot.
+  int found[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int j = tid * kPerThread + i;
+    found[i] = -1;
+    if (j < slots && page[i] >= 0) {
+      const int k = lower_bound(sh.select.scratch.needed, count, page[i]);
+      if (k < count && sh.select.scratch.needed[k] == page[i]) {
+        found[i] = k;
+        atomicMin(&sh.select.hit_slot[k], j);
+      }
+    }
+  }
+  __syncthreads();
+
+  uint32_t empty_mask = 0, candidate_mask = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int j = tid * kPerThread + i;
+    if (j >= slots) continue;
+    if (page[i] < 0) {
+      empty_mask |= 1u << i;
+    } else if (found[i] >= 0 && sh.select.hit_slot[found[i]] == j) {
+      p.slot_stamp[state_index(group[i])] = now;
+    } else {
+      candidate_mask |= 1u << i;
+    }
+  }
+
+  // One scan ranks misses in needed order (high half) and empty slots in slot order (low half).
+  uint32_t ranks[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int k = tid * kPerThread + i;
+    const bool miss = k < count && sh.select.hit_slot[k] == kNoSlot;
+    ranks[i] = (static_cast<uint32_t>(miss) << 16) | ((empty_mask >> i) & 1u);
+  }
+  uint32_t totals = 0;
+  Scan(sh.scan).ExclusiveSum(ranks, ranks, totals);
+  const int misses = static_cast<int>(totals >> 16);
+  const int empties = static_cast<int>(totals & 0xffffu);
+  const int hits = count - misses;
+  const int victims = misses > empties ? misses - empties : 0;
+
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int rank = static_cast<int>(ranks[i] & 0xffffu);
+    if (((empty_mask >> i) & 1u) && rank < misses)
+      sh.select.free_slot[rank] = static_cast<int16_t>(tid * kPerThread + i);
+  }
+
+  if (victims > 0) {
+    // BucketedLruPicker::pick over the candidates (occupied, not needed) in slot order.
+    const uint32_t buckets = static_cast<uint32_t>(p.buckets);
+    uint32_t local_oldest = now;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+      if ((candidate_mask >> i) & 1u) local_oldest = min(local_oldest, stamp[i]);
+    if (local_oldest < now) atomicMin(&sh.oldest, local_oldest);
+    for (int b = tid; b < static_cast<int>(buckets); b += kThreads)
+      sh.select.scratch.histogram[b] = 0;
+    __syncthreads();
+
+    const uint32_t oldest = sh.oldest;
+    const uint32_t span = now - oldest;
+    const uint32_t width = max(1u, (span + buckets - 1) / buckets);  // uint32 as in pick
+    uint32_t bucket[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      // Stamps < now keep the bucket below `buckets`; the clamp only guards a broken table.
+      bucket[i] = min((stamp[i] - oldest) / width, buckets - 1);
+      if ((candidate_mask >> i) & 1u) atomicAdd(&sh.select.scratch.histogram[bucket[i]], 1u);
+    }
+    __syncthreads();
+
+    // The boundary bucket: the first whose inclusive prefix reaches `victims`; all older buckets
+    // go whole.
+    uint32_t counts[kPerThread], prefix[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int b = tid * kPerThread + i;
+      counts[i] = b < static_cast<int>(buckets) ? sh.select.scratch.histogram[b] : 0u;
+    }
+    Scan(sh.scan).InclusiveSum(counts, prefix);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const uint32_t before = prefix[i] - counts[i];
+      if (before < static_cast<uint32_t>(victims) && prefix[i] >= static_cast<uint32_t>(victims)) {
+        sh.boundary = tid * kPerThread + i;
+        sh.taken = before;
+      }
+    }
+    __syncthreads();
+
+    const uint32_t boundary = sh.boundary;
+    const int taken = static_cast<int>(sh.taken);
+    uint32_t whole[kPerThread];
+    uint32_t local_max = 0;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool candidate = (candidate_mask >> i) & 1u;
+      whole[i] = candidate && bucket[i] < boundary;
+      if (candidate && bucket[i] == boundary)
+        local_max = max(local_max, static_cast<uint32_t>(page[i]));
+    }
+    if (local_max > 0) atomicMax(&sh.max_logical, local_max);
+    Scan(sh.scan).ExclusiveSum(whole, whole);
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool candidate = (candidate_mask >> i) & 1u;
+      if (candidate && bucket[i] < boundary)
+        sh.select.free_slot[empties + static_cast<int>(whole[i])] =
+            static_cast<int16_t>(tid * kPerThread + i);
+    }
+    __syncthreads();
+
+    // The boundary bucket's candidates by ascending logical page; the rest sort after them
+    // because their key, all ones in the sorted bits, exceeds every boundary page.
+    const uint32_t end_bit = 32 - __clz(static_cast<int>(sh.max_logical + 1));
+    uint32_t keys[kPerThread];
+    int32_t values[kPerThread];
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool in_boundary = ((candidate_mask >> i) & 1u) && bucket[i] == boundary;
+      keys[i] = in_boundary ? static_cast<uint32_t>(page[i]) : UINT32_MAX;
+      values[i] = tid * kPerThread + i;
+    }
+    SortByLogical(sh.select.scratch.sort).Sort(keys, values, 0, static_cast<int>(end_bit));
+    const int rest = victims - taken;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int q = tid * kPerThread + i;
+      if (q < rest) sh.select.free_slot[empties + taken + q] = static_cast<int16_t>(values[i]);
+    }
+  }
+  __syncthreads();
+
+  // Table update and output: the k-th miss takes the k-th free slot.
+  const int32_t* host_groups = p.host_groups + p.host_offsets[seq];
+  int copy_rank[kPerThread];
+  int32_t copy_src[kPerThread], copy_dst[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int k = tid * kPerThread + i;
+    copy_rank[i] = -1;
+    copy_src[i] = 0;
+    copy_dst[i] = 0;
+    if (k >= count) continue;
+    const int32_t held = sh.select.hit_slot[k];
+    const bool miss = held == kNoSlot;
+    const int rank = static_cast<int>(ranks[i] >> 16);
+    const int slot = miss ? sh.select.free_slot[rank] : held;
+    const int32_t slot_group = groups[slot];
+    const int32_t device_page = slot_group * heads + head;
+    if (miss) {
+      const int32_t logical = needed[k];
+      const int64_t s = state_index(slot_group);
+      p.slot_page[s] = logical;
+      p.slot_stamp[s] = now;
+      copy_rank[i] = rank;
+      copy_src[i] = host_groups[logical] * heads + head;
+      copy_dst[i] = device_page;
+    }
+    out[k] = device_page;
+  }
+  if (tid == 0) {
+    atomicAdd(&p.counters[seq * 3 + 0], static_cast<unsigned long long>(hits));
+    atomicAdd(&p.counters[seq * 3 + 1], static_cast<unsigned long long>(misses));
+    atomicAdd(&p.counters[seq * 3 + 2], static_cast<unsigned long long>(victims));
+  }
+  __syncthreads();  // the copy list overwrites the tables read above
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    if (copy_rank[i] >= 0) {
+      sh.copy.src[copy_rank[i]] = copy_src[i];
+      sh.copy.dst[copy_rank[i]] = copy_dst[i];
+    }
+  }
+  __syncthreads();
+
+  // Zero-copy gather of the misses: the block's threads stream each page's 16-byte vectors,
+  // kUnroll loads in flight per thread.
+  const int64_t vecs_per_page = p.page_size * p.head_dim / 4;
+  const int64_t total = static_cast<int64_t>(misses) * vecs_per_page;
+  const auto* src = reinterpret_cast<const uint4*>(p.host_pool);
+  auto* dst = reinterpret_cast<uint4*>(p.device_pool);
+  copy_host_pages<kUnroll>(
+      src, dst, tid, total, kThreads, vecs_per_page, [&](int64_t r) { return sh.copy.src[r]; },
+      [&](int64_t r) { return sh.copy.dst[r]; });
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
+  // Page size and head_dim up to 1024 keep misses * 16-byte vectors per page within 32 bits.
+  if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
+      p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
+      p.page_size > 1024 || (p.page_size * p.head_dim) % 4 != 0 || p.buckets < 1 ||
+      p.buckets > kMaxLruBuckets)
+    return cudaErrorInvalidValue;
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  if (items > INT_MAX) return cudaErrorInvalidValue;
+  if (items == 0) return cudaSuccess;
+  if (!p.needed || !p.needed_offsets || !p.needed_counts || !p.cache_groups || !p.cache_offsets ||
+      !p.host_groups || !p.host_offsets || !p.now || !p.slot_page || !p.slot_stamp ||
+      !p.host_pool || !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
+      !aligned16(p.host_pool) || !aligned16(p.device_pool))
+    return cudaErrorInvalidValue;
+  retrieve_cached_pages_kernel<<<static_cast<unsigned>(items), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace spin::cuda

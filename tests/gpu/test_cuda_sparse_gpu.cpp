@@ -1,0 +1,150 @@
+// Quest on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill with the
+// KV written through to the host tier, then per decode step and sparse layer the Index, Select and
+// Retrieve kernels and attention over sinks + selected + window pages.
+//
+// References: the same model and store running `dense`. With a budget that covers the whole context,
+// Quest selects every candidate page, so its outputs must equal dense's up to bf16 noise (the same
+// tolerance as batching: log-probabilities within 0.15) — and every selected page reached the
+// device through the host tier and the cache, so the write-through, the retrieve's gather and the
+// page lists are all checked. With a small budget the outputs must not depend on the batch (each
+// request alone vs together), the cache must both miss and hit, and a rerun must be bit-identical.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "gpu_model_test.h"
+#include "gpu_test.h"
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/cuda/cuda_paged_attention.h"
+#include "model/cuda/cuda_model.h"
+
+namespace spin {
+namespace {
+
+using namespace gpu_test;
+
+constexpr int64_t kPage = 16;
+constexpr int64_t kContext = 512;
+
+// Qwen3-like with 4 layers: Quest keeps the first 2 dense, the other 2 run sparse.
+ModelConfig four_layer_config() {
+  ModelConfig c = small_config(true);
+  c.n_layers = 4;
+  return c;
+}
+
+std::unique_ptr<CudaPagedAttentionFactory> sparse_factory(const ModelConfig& c, const ForwardModel& model,
+                                                          int64_t host_pages) {
+  CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 8 * kContext), 8, kContext);
+  kv.host_pages = host_pages;
+  return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+}
+
+AttentionSettings quest(int64_t budget, double fraction = 0.0) {
+  AttentionSettings s;
+  s.algorithm = "quest";
+  s.budget = budget;
+  s.budget_fraction = fraction;
+  return s;
+}
+
+class CudaSparseTest : public GpuTest {
+ protected:
+  std::mt19937 rng{777};
+};
+
+TEST_F(CudaSparseTest, QuestSelectingEveryPageEqualsDense) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 31);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
+  const std::vector<int64_t> max_tokens{40, 36, 30, 44};
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+  KvStoreUsage usage;
+  const auto sparse = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
+                                 std::vector<AttentionSettings>(prompts.size(), quest(0, 1.0)), &usage);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(sparse[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(sparse[i].tokens, dense[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(sparse[i], dense[i]), 0.15) << "request " << i;
+  }
+  EXPECT_EQ(usage.host_pages_used, 0) << "finished requests must give back their host-tier pages";
+  EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
+  // The first decode step of each request fetched every candidate page of both sparse layers from
+  // the host tier; later steps found them in the cache.
+  EXPECT_GT(usage.misses, 0u);
+  EXPECT_GT(usage.hits, usage.misses);
+}
+
+TEST_F(CudaSparseTest, QuestSmallBudgetIsBatchInvariantAndUsesTheCache) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 32);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  const std::vector<int64_t> max_tokens{48, 40, 56};
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const std::vector<AttentionSettings> settings(prompts.size(), quest(48));
+  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+  const auto together = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
+  const auto again = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
+  double largest_gap = 0.0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone = run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {max_tokens[i]}, nullptr,
+                                  {settings[i]})[0];
+    ASSERT_EQ(static_cast<int64_t>(together[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(together[i].tokens, alone.tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(together[i], alone), 0.15) << "request " << i << ": batching changed it";
+    EXPECT_EQ(max_logprob_difference(together[i], again[i]), 0.0) << "request " << i << ": a rerun differs";
+    largest_gap = std::max(largest_gap, max_logprob_difference(together[i], dense[i]));
+  }
+  // 3 of ~20 pages attended in the sparse layers: the distributions move away from dense's.
+  EXPECT_GT(largest_gap, 1e-3) << "a 48-token budget gave dense's log-probabilities: is Select a no-op?";
+
+  KvStoreUsage u;
+  run_engine(model, sparse_factory(c, model, host), {prompts[0]}, {64}, nullptr, {settings[0]}, &u);
+  EXPECT_GT(u.misses, 0u);
+  EXPECT_GT(u.hits, 0u) << "consecutive steps never reused a cached page";
+}
+
+TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 33);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {200, 120, 330, 64});
+  const std::vector<int64_t> max_tokens{30, 30, 30, 30};
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+  std::vector<AttentionSettings> mixed(prompts.size());
+  mixed[1] = quest(32);
+  mixed[2] = quest(0, 0.25);
+  const auto runs = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, mixed);
+  for (size_t i : {size_t{0}, size_t{3}}) {
+    EXPECT_EQ(runs[i].tokens, dense[i].tokens) << "dense request " << i;
+    EXPECT_LE(max_logprob_difference(runs[i], dense[i]), 0.15) << "dense request " << i;
+  }
+}
+
+TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
+  const ModelConfig c = four_layer_config();
+  CudaModel model(bf16_weights(c, 34), CudaModelOptions{});
+  auto no_host = sparse_factory(c, model, 0);
+  EXPECT_EQ(no_host->algorithms(), std::vector<std::string>{"dense"});
+  EXPECT_THROW(no_host->validate(quest(64)), Error);
+  auto factory = sparse_factory(c, model, pages_for(c, kPage, 4 * kContext));
+  EXPECT_NO_THROW(factory->validate(quest(64)));
+  AttentionSettings other_dense_layers = quest(64);
+  other_dense_layers.first_dense_layers = 0;
+  EXPECT_THROW(factory->validate(other_dense_layers), Error);
+  AttentionSettings shadow;
+  shadow.algorithm = "shadowkv";
+  EXPECT_THROW(factory->validate(shadow), Error);
+  EXPECT_THROW(factory->create(quest(0, 1.5), 256), Error);
+}
+
+}  // namespace
+}  // namespace spin
