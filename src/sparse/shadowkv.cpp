@@ -5,11 +5,14 @@
 //    of KᵀK (LAPACK dsyev in double). A [T, r] and V [n_kv·hd, r] are the device-tier factors.
 //    Landmark = mean post-RoPE key of each chunk; per KV head the `outliers` chunks whose keys
 //    have the lowest minimum cosine similarity to their landmark stay resident (exact keys).
-//    Pages filled during decode are projected on the prefill basis (A = K·V).
+//    Pages filled during decode keep their exact keys: the factors describe the prompt's keys
+//    only (as in the paper, where generated tokens stay in full precision on the GPU); they get
+//    landmarks and compete for the budget like prompt chunks.
 //  - Select per KV head: softmax(q·landmarks/√d) over the candidates for each query head, max
 //    over the GQA group; outlier chunks always, then the top chunks within the budget.
-//  - Attention: exact keys for sinks, window and outliers; keys of the other selected chunks
-//    rebuilt from the factors, RoPE applied at their positions; values from the fetched pages.
+//  - Attention: exact keys for sinks, window, outliers and decode chunks; keys of the other
+//    selected (prompt) chunks rebuilt from the factors, RoPE applied at their positions; values
+//    from the fetched pages.
 // Rank: the paper uses 160 of Llama-3-8B's 1024 key dims per layer (8 KV heads × 128), i.e.
 // 15.6%. For another model r = min(160, ceil(0.15625·n_kv·hd) rounded up to a multiple of 8):
 // SmolLM2-135M (3 × 64 = 192 dims) gets r = 32. `SparseSettings::shadowkv_rank` overrides it.
@@ -80,18 +83,21 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
                in.first_page, in.layer);
     const uint32_t new_pages = in.end_page - in.first_page;
     const size_t new_tokens = size_t{new_pages} * page_size_;
-    // Pre-RoPE keys of the new tokens, [token][kv_head·hd].
-    std::vector<float> keys(new_tokens * width);
-    for (uint32_t g = 0; g < num_kv_heads_; ++g) {
-      for (uint32_t p = 0; p < new_pages; ++p) {
-        const float* k = in.page_keys_pre_rope(g, in.first_page + p);
-        for (uint32_t t = 0; t < page_size_; ++t) {
-          std::copy(k + size_t{t} * head_dim_, k + size_t{t + 1} * head_dim_,
-                    keys.data() + (size_t{p} * page_size_ + t) * width + size_t{g} * head_dim_);
+    // Only the prompt (the pages indexed when prefill ends) is factorised. Projecting later keys
+    // on the prompt's basis would rebuild them from a subspace fitted without them: the error
+    // then grows with every generated chunk, and those recent chunks draw the most attention.
+    if (L.basis.empty()) {
+      // Pre-RoPE keys of the prompt, [token][kv_head·hd].
+      std::vector<float> keys(new_tokens * width);
+      for (uint32_t g = 0; g < num_kv_heads_; ++g) {
+        for (uint32_t p = 0; p < new_pages; ++p) {
+          const float* k = in.page_keys_pre_rope(g, in.first_page + p);
+          for (uint32_t t = 0; t < page_size_; ++t) {
+            std::copy(k + size_t{t} * head_dim_, k + size_t{t + 1} * head_dim_,
+                      keys.data() + (size_t{p} * page_size_ + t) * width + size_t{g} * head_dim_);
+          }
         }
       }
-    }
-    if (L.basis.empty()) {
       // KᵀK in double, then its top eigenvectors are K's right singular vectors.
       std::vector<double> gram(size_t{width} * width, 0.0);
       for (size_t t = 0; t < new_tokens; ++t) {
@@ -105,18 +111,18 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
       for (uint32_t i = 0; i < width; ++i)
         for (uint32_t j = 0; j < i; ++j) gram[size_t{i} * width + j] = gram[size_t{j} * width + i];
       L.basis = top_eigenvectors(std::move(gram), static_cast<int>(width), static_cast<int>(rank_));
-    }
-    // A = K·V for the new tokens (double accumulation; stored in double so that a full-rank
-    // factorisation reproduces the keys to rounding).
-    const size_t at = L.coeffs.size();
-    L.coeffs.resize(at + new_tokens * rank_);
-    for (size_t t = 0; t < new_tokens; ++t) {
-      const float* row = keys.data() + t * width;
-      double* a = L.coeffs.data() + at + t * rank_;
-      for (uint32_t i = 0; i < width; ++i) {
-        const double* v = L.basis.data() + size_t{i} * rank_;
-        for (uint32_t j = 0; j < rank_; ++j) a[j] += row[i] * v[j];
+      // A = K·V (double accumulation; stored in double so that a full-rank factorisation
+      // reproduces the keys to rounding).
+      L.coeffs.assign(new_tokens * rank_, 0.0);
+      for (size_t t = 0; t < new_tokens; ++t) {
+        const float* row = keys.data() + t * width;
+        double* a = L.coeffs.data() + t * rank_;
+        for (uint32_t i = 0; i < width; ++i) {
+          const double* v = L.basis.data() + size_t{i} * rank_;
+          for (uint32_t j = 0; j < rank_; ++j) a[j] += row[i] * v[j];
+        }
       }
+      L.factored_pages = in.end_page;
     }
     // Landmarks (mean post-RoPE key per chunk) and each chunk's minimum cosine to it.
     L.landmarks.resize(num_kv_heads_);
@@ -180,7 +186,8 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
                           });
       }
       order.resize(keep);
-      rebuilt_[g] = order;
+      for (uint32_t p : order)
+        if (p < L.factored_pages) rebuilt_[g].push_back(p);
       std::sort(rebuilt_[g].begin(), rebuilt_[g].end());
       chosen.insert(chosen.end(), order.begin(), order.end());
       out.add_head(chosen);
@@ -267,8 +274,9 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
  private:
   struct Layer {
     uint32_t pages = 0;
+    uint32_t factored_pages = 0;  // pages [0, factored_pages) have factors (the prompt)
     std::vector<double> basis;   // V: [n_kv·hd][rank]
-    std::vector<double> coeffs;  // A: [token][rank]
+    std::vector<double> coeffs;  // A: [token][rank], prompt tokens
     std::vector<std::vector<float>> landmarks;  // per KV head: [page][hd]
     std::vector<std::vector<uint8_t>> outlier;  // per KV head: per page, 1 if an outlier chunk
   };
