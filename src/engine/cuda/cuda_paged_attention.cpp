@@ -587,6 +587,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       continue;
     }
     sparse_rows = true;
+    need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
     if (!is_decode(*kv, *sp, n)) {
       SPIN_CHECK(chunk.pos0 == kv->length(), "attention step: sparse KV cannot rewrite position {}", chunk.pos0);
       need_main += std::max<int64_t>(0, pages_for(end) - held);
@@ -612,7 +613,6 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       need_low += 1;
       need_host += 1;
     }
-    need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
   }
   const auto n_chunks = static_cast<int64_t>(chunks.size());
   SPIN_CHECK(rows >= n_tokens && rows < std::numeric_limits<int32_t>::max(),
@@ -638,29 +638,21 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       grow(kv.groups(), pages_for(end));
       continue;
     }
-    std::lock_guard lock(mutex_);
     const bool decode = is_decode(kv, *sp, n);
-    if (decode || !sp->decoding) {
+    {
+      std::lock_guard lock(mutex_);
       while (static_cast<int64_t>(sp->chunks.size()) < chunks_for(pages_for(end))) sp->chunks.push_back(chunk_pool_.alloc());
-    }
-    if (!decode) {
-      while (static_cast<int64_t>(kv.groups().size()) < pages_for(end)) kv.groups().push_back(groups_.alloc());
-      while (static_cast<int64_t>(sp->low.size()) < pages_for(end)) sp->low.push_back(low_groups_.alloc());
-      while (static_cast<int64_t>(sp->host.size()) < pages_for(end)) sp->host.push_back(host_pool_.alloc());
-      continue;
-    }
-    if (!sp->decoding) {
-      mutex_.unlock();
-      try {
-        end_prefill(kv, pos, transition_src, transition_dst, stream);
-      } catch (...) {
-        mutex_.lock();
-        throw;
+      if (!decode) {
+        while (static_cast<int64_t>(kv.groups().size()) < pages_for(end)) kv.groups().push_back(groups_.alloc());
+        while (static_cast<int64_t>(sp->low.size()) < pages_for(end)) sp->low.push_back(low_groups_.alloc());
+        while (static_cast<int64_t>(sp->host.size()) < pages_for(end)) sp->host.push_back(host_pool_.alloc());
+        continue;
       }
-      mutex_.lock();
     }
+    if (!sp->decoding) end_prefill(kv, pos, transition_src, transition_dst, stream);  // takes the lock itself
     ++sp->now;
     if (pos % ps != 0) continue;
+    std::lock_guard lock(mutex_);
     std::vector<uint32_t>& groups = kv.groups();
     const Window w = window_of(*sp, pos / ps);
     const int64_t leaving = w.window_start - 1;
