@@ -242,10 +242,7 @@ void PagedSparseAttention::decode_attention(uint32_t layer, uint32_t pos, const 
   const bool dense_layer = layer < settings_.first_dense_layers;
   if (tokens % ps == 0) index_pages(layer, current, current + 1);
 
-  // Sinks [0, sink_end), candidates [sink_end, window_start), window [window_start, current].
-  const uint32_t sink_end = std::min(settings_.sink_pages, current + 1);
-  const uint32_t window_start =
-      std::max(sink_end, current - std::min(current, settings_.window_pages));
+  const auto [sink_end, window_start] = settings_.decode_window(current);
   SelectQuery query{.layer = layer,
                     .q = q,
                     .num_kv_heads = n_kv,

@@ -24,6 +24,11 @@ uint32_t whole_pages(const char* what, uint32_t tokens, uint32_t page_size) {
 
 }  // namespace
 
+DecodeWindow ResolvedSettings::decode_window(uint32_t current_page) const {
+  const uint32_t sink_end = std::min(sink_pages, current_page + 1);
+  return {sink_end, std::max(sink_end, current_page - std::min(current_page, window_pages))};
+}
+
 ResolvedSettings resolve_settings(const SparseSettings& settings, const AlgorithmTraits& traits,
                                   const AttentionShape& shape, const kv::KvConfig& store) {
   const kv::KvLayout& layout = store.layout;

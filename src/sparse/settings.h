@@ -60,6 +60,14 @@ struct AlgorithmTraits {
   std::optional<uint32_t> window_tokens = std::nullopt;
 };
 
+// The pages of a decode step whose token goes into page `current`: sinks [0, sink_end),
+// selectable candidates [sink_end, window_start), recent window [window_start, current].
+struct DecodeWindow {
+  uint32_t sink_end = 0;
+  uint32_t window_start = 0;
+  uint32_t candidates() const { return window_start - sink_end; }
+};
+
 struct ResolvedSettings {
   std::string algorithm;
   AlgorithmTraits traits;
@@ -71,6 +79,7 @@ struct ResolvedSettings {
   uint32_t first_dense_layers = 0;
   // Pages the selection may take at a step with `context_tokens` tokens in context.
   uint32_t budget_pages(uint32_t context_tokens) const;
+  DecodeWindow decode_window(uint32_t current_page) const;
 };
 
 // Throws spin::Error naming the offending setting.

@@ -52,6 +52,7 @@ struct PoolSizes {
   uint32_t groups = 0;      // usable page groups (the scratch group not counted)
   uint32_t low_groups = 0;  // groups of the first dense layers only
   int64_t dense_layers = 0;
+  sparse::AlgorithmTraits sparse_traits;  // the GPU's sparse algorithm's published defaults
 };
 
 // What a sparse (Quest) sequence holds besides its device page groups.
@@ -165,8 +166,8 @@ class CudaKvStore final : public DeviceAttention {
   }
   // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
   // cache slots, and returns the (source page, summary entry) pairs of every complete page to index.
-  void end_prefill(CudaSequenceKv& kv, int64_t pos, std::vector<int32_t>& index_src, std::vector<int32_t>& index_dst,
-                   cudaStream_t stream);
+  void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, std::vector<int32_t>& index_src,
+                   std::vector<int32_t>& index_dst, cudaStream_t stream);
 
   AttentionShape shape_;
   int device_;
@@ -181,6 +182,7 @@ class CudaKvStore final : public DeviceAttention {
   int64_t groups_total_ = 0;  // page groups in the pool, the scratch group (the last) included
   int64_t low_total_ = 0;     // groups only the first dense layers' slices have (after groups_total_)
   int64_t dense_layers_ = 0;  // the first dense layers of sparse requests
+  sparse::AlgorithmTraits sparse_traits_;
   int64_t host_groups_total_ = 0;  // host-tier groups, its scratch group (the last) included
   int64_t chunks_total_ = 0;
   int64_t max_cache_slots_ = 0;
@@ -239,14 +241,17 @@ class CudaSequenceKv final : public DeviceSequenceKv {
 
 namespace {
 
-// The first dense layers quest requests run with on the GPU: the algorithm's published default.
-int64_t quest_dense_layers(const AttentionShape& shape, int64_t page_size) {
+kv::KvLayout store_layout(const AttentionShape& shape, int64_t page_size) {
+  return kv::KvLayout{static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
+                      static_cast<uint32_t>(shape.head_dim), static_cast<uint32_t>(page_size), kv::ElemType::F32};
+}
+
+// The published defaults of the sparse algorithm the GPU runs (they do not depend on settings).
+sparse::AlgorithmTraits gpu_sparse_traits(const AttentionShape& shape, int64_t page_size) {
   const sparse::SparseSettings settings{.algorithm = kGpuSparseAlgorithm};
-  const kv::KvLayout layout{static_cast<uint32_t>(shape.n_layers), static_cast<uint32_t>(shape.n_kv_heads),
-                            static_cast<uint32_t>(shape.head_dim), static_cast<uint32_t>(page_size), kv::ElemType::F32};
-  const auto algorithm =
-      sparse::AlgorithmRegistry::global().create(kGpuSparseAlgorithm, sparse::AlgorithmContext{shape, layout, &settings});
-  return std::min<int64_t>(algorithm->traits().first_dense_layers, shape.n_layers);
+  return sparse::AlgorithmRegistry::global()
+      .create(kGpuSparseAlgorithm, sparse::AlgorithmContext{shape, store_layout(shape, page_size), &settings})
+      ->traits();
 }
 
 // Checks what the kernels support and returns the pool's groups (the scratch group not counted).
@@ -272,7 +277,10 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
   cuda_check(cudaSetDevice(c.device), "cudaSetDevice");
 
   PoolSizes sizes;
-  sizes.dense_layers = c.host_pages > 0 ? quest_dense_layers(shape, c.page_size) : 0;
+  if (c.host_pages > 0) {
+    sizes.sparse_traits = gpu_sparse_traits(shape, c.page_size);
+    sizes.dense_layers = std::min<int64_t>(sizes.sparse_traits.first_dense_layers, shape.n_layers);
+  }
   const double page_bytes = 2.0 * c.page_size * shape.head_dim * sizeof(bf16);
   const double group_bytes = static_cast<double>(shape.n_layers * shape.n_kv_heads) * page_bytes;
   const double low_group_bytes = static_cast<double>(sizes.dense_layers * shape.n_kv_heads) * page_bytes;
@@ -332,6 +340,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   groups_total_ = int64_t{groups_.capacity()} + 1;
   low_total_ = low_groups_.capacity();
   dense_layers_ = sizes.dense_layers;
+  sparse_traits_ = sizes.sparse_traits;
   buffer_factor_ = c.buffer_factor;
   page_elems_ = static_cast<size_t>(2 * page_size_ * shape.head_dim);
   pool_.reserve(layer_offset(shape.n_layers), "KV cache pool");
@@ -405,14 +414,9 @@ size_t CudaKvStore::layer_offset(int64_t layer) const {
 sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& settings) const {
   SPIN_CHECK(has_host_tier(), "attention algorithm '{}' needs the KV host tier on the CUDA backend (--kv-host-pages)",
              settings.algorithm);
-  const sparse::SparseSettings s = to_sparse_settings(settings);
   kv::KvConfig store;
-  store.layout = kv::KvLayout{static_cast<uint32_t>(shape_.n_layers), static_cast<uint32_t>(shape_.n_kv_heads),
-                              static_cast<uint32_t>(shape_.head_dim), static_cast<uint32_t>(page_size_),
-                              kv::ElemType::F32};
-  const auto algorithm =
-      sparse::AlgorithmRegistry::global().create(s.algorithm, sparse::AlgorithmContext{shape_, store.layout, &s});
-  sparse::ResolvedSettings r = sparse::resolve_settings(s, algorithm->traits(), shape_, store);
+  store.layout = store_layout(shape_, page_size_);
+  sparse::ResolvedSettings r = sparse::resolve_settings(to_sparse_settings(settings), sparse_traits_, shape_, store);
   SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
              "on the CUDA backend {} runs with its {} first dense layers, not {}", settings.algorithm, dense_layers_,
              r.first_dense_layers);
@@ -500,8 +504,8 @@ cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t 
   return p;
 }
 
-void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, std::vector<int32_t>& index_src,
-                              std::vector<int32_t>& index_dst, cudaStream_t stream) {
+void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
+                              std::vector<int32_t>& index_src, std::vector<int32_t>& index_dst, cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
@@ -511,13 +515,10 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, std::vector<int32
       index_dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
     }
   }
-  const int64_t cur = pos / page_size_;
-  const int64_t sink_end = std::min<int64_t>(sp.settings.sink_pages, cur + 1);
-  const int64_t window_start = std::max(sink_end, cur - std::min<int64_t>(cur, sp.settings.window_pages));
   {
     std::lock_guard lock(mutex_);
     for (int64_t p = 0; p < static_cast<int64_t>(groups.size()); ++p) {
-      if (p < sink_end || p >= window_start) continue;
+      if (p < int64_t{window.sink_end} || p >= int64_t{window.window_start}) continue;
       groups_.free(groups[static_cast<size_t>(p)]);
       groups[static_cast<size_t>(p)] = kNoGroup;
     }
@@ -541,21 +542,18 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const auto chunks_for = [](int64_t pages) {
     return (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
   };
-  // A sparse sequence's decode window with `cur` the page being written: sinks [0, sink_end),
-  // candidates [sink_end, window_start), window [window_start, cur] (as the CPU pipeline has it).
-  struct Window {
-    int64_t sink_end, window_start;
-  };
-  const auto window_of = [](const SparseKv& sp, int64_t cur) {
-    const int64_t sink_end = std::min<int64_t>(sp.settings.sink_pages, cur + 1);
-    return Window{sink_end, std::max(sink_end, cur - std::min<int64_t>(cur, sp.settings.window_pages))};
-  };
   const auto is_decode = [](const CudaSequenceKv& kv, const SparseKv& sp, int64_t n) {
     return sp.decoding || (n == 1 && kv.length() > 0);
   };
 
   // Check the chunks and count the groups they need before changing anything.
   std::vector<CudaSequenceKv*> seqs(chunks.size());
+  // Per sparse decode chunk: its window and how many pages it selects (zeros elsewhere).
+  struct DecodePlan {
+    sparse::DecodeWindow window;
+    int64_t selected = 0;
+  };
+  std::vector<DecodePlan> plans(chunks.size());
   std::unordered_set<const CudaSequenceKv*> seen;
   int64_t n_tokens = 0, n_single = 0;
   int64_t need_main = 0, need_low = 0, need_host = 0, need_chunks = 0;
@@ -599,14 +597,16 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
     const int64_t cur = chunk.pos0 / ps;
     const bool new_page = chunk.pos0 % ps == 0;
-    const Window w = window_of(*sp, cur);
+    const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(cur));
+    plans[i] = {w, std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.candidates())};
     if (!sp->decoding) {
       int64_t kept = 0;
-      for (int64_t p = 0; p < held; ++p) kept += p < w.sink_end || p >= w.window_start;
+      for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
       need_main += sp->cache_slots - (held - kept) + (new_page ? 1 : 0);
     } else if (new_page) {
-      const int64_t leaving = w.window_start - 1;
-      const bool recycled = leaving >= w.sink_end && leaving < held && kv->groups()[static_cast<size_t>(leaving)] != kNoGroup;
+      const int64_t leaving = int64_t{w.window_start} - 1;
+      const bool recycled =
+          leaving >= int64_t{w.sink_end} && leaving < held && kv->groups()[static_cast<size_t>(leaving)] != kNoGroup;
       need_main += recycled ? 0 : 1;
     }
     if (new_page) {
@@ -649,15 +649,15 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         continue;
       }
     }
-    if (!sp->decoding) end_prefill(kv, pos, transition_src, transition_dst, stream);  // takes the lock itself
+    const sparse::DecodeWindow w = plans[i].window;
+    if (!sp->decoding) end_prefill(kv, pos, w, transition_src, transition_dst, stream);  // takes the lock itself
     ++sp->now;
     if (pos % ps != 0) continue;
     std::lock_guard lock(mutex_);
     std::vector<uint32_t>& groups = kv.groups();
-    const Window w = window_of(*sp, pos / ps);
-    const int64_t leaving = w.window_start - 1;
+    const int64_t leaving = int64_t{w.window_start} - 1;
     uint32_t group = kNoGroup;
-    if (leaving >= w.sink_end && leaving < static_cast<int64_t>(groups.size()) &&
+    if (leaving >= int64_t{w.sink_end} && leaving < static_cast<int64_t>(groups.size()) &&
         groups[static_cast<size_t>(leaving)] != kNoGroup) {
       group = std::exchange(groups[static_cast<size_t>(leaving)], kNoGroup);  // in the host tier already
     } else {
@@ -722,10 +722,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       decode_entries += heads * pages_for(end);
       continue;
     }
-    const int64_t cur = chunk.pos0 / ps;
-    const Window w = window_of(*sp, cur);
-    const int64_t k = std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.window_start - w.sink_end);
-    decode_entries += heads * (w.sink_end + k + cur + 1 - w.window_start);
+    const auto& [w, k] = plans[static_cast<size_t>(i)];
+    decode_entries += heads * (int64_t{w.sink_end} + k + chunk.pos0 / ps + 1 - w.window_start);
     needed_entries += heads * k;
     dir_entries += static_cast<int64_t>(sp->chunks.size());
     host_entries += static_cast<int64_t>(sp->host.size());
@@ -797,6 +795,14 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
             cache_at = 0;
     t[at_decode_offsets] = t[at_low_decode_offsets] = t[at_prefill_offsets] = t[at_prefill_token_offsets] = 0;
     t[at_cache_offsets] = 0;
+    // An item that selects and indexes nothing (dense and padding rows; sparse rows overwrite).
+    const auto select_nothing = [&](int64_t item) {
+      t[at_counts + item] = 0;
+      t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
+      t[at_out_offsets + item] = 0;
+      t[at_index_src + item] = -1;
+      t[at_index_dst + item] = 0;
+    };
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
       CudaSequenceKv& kv = *seqs[static_cast<size_t>(i)];
@@ -823,9 +829,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       }
       // Decode row i.
       const int64_t cur = chunk.pos0 / ps;
-      const Window w = sp ? window_of(*sp, cur) : Window{0, 0};
-      const int64_t k =
-          sp ? std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.window_start - w.sink_end) : 0;
+      const auto& [w, k] = plans[static_cast<size_t>(i)];
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t item = i * heads + h;
         int32_t* low_list = t + at_low_decode_pages + low_decode_at;
@@ -837,16 +841,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         t[at_low_decode_tokens + item] = static_cast<int32_t>(end);
         int32_t* list = t + at_decode_pages + decode_at;
         int64_t len = 0;
-        t[at_counts + item] = 0;
-        t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
-        t[at_out_offsets + item] = 0;
-        t[at_index_src + item] = -1;
-        t[at_index_dst + item] = 0;
+        select_nothing(item);
         if (sp == nullptr) {
           for (int64_t j = 0; j < pages; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_decode_tokens + item] = static_cast<int32_t>(end);
         } else {
-          for (int64_t j = 0; j < w.sink_end; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
+          for (int64_t j = 0; j < int64_t{w.sink_end}; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_out_offsets + item] = static_cast<int32_t>(decode_at + len);
           for (int64_t j = 0; j < k; ++j) list[len++] = -1;  // the selected pages' slots (retrieve)
           for (int64_t j = w.window_start; j <= cur; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
@@ -882,11 +882,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         t[at_decode_tokens + item] = 0;
         t[at_low_decode_offsets + item + 1] = static_cast<int32_t>(low_decode_at);
         t[at_low_decode_tokens + item] = 0;
-        t[at_counts + item] = 0;
-        t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
-        t[at_out_offsets + item] = 0;
-        t[at_index_src + item] = -1;
-        t[at_index_dst + item] = 0;
+        select_nothing(item);
       }
       t[at_first + i] = t[at_end + i] = 0;
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
