@@ -87,6 +87,35 @@ struct RopedFeed {
   }
 };
 
+// A prompt of `prompt` tokens in one chunk, then `steps` single-token steps, every layer fed to
+// both `a` and `b`: q and v drawn from `normal(rng)`, each token's pre-RoPE key row (zeroed first)
+// filled by `pre_rope_key(position, row)`, k = its RoPE. The largest relative error of a decode
+// step's output.
+template <typename KeyRow>
+double max_decode_error(spin::SequenceAttention& a, spin::SequenceAttention& b, const spin::AttentionShape& s,
+                        int64_t prompt, int64_t steps, std::mt19937& rng, std::normal_distribution<float>& normal,
+                        KeyRow pre_rope_key) {
+  const int64_t kw = s.n_kv_heads * s.head_dim, qw = s.n_heads * s.head_dim;
+  const spin::RopeTable rope = spin::make_rope_table(spin::RopeConfig{}, s.head_dim);
+  double worst = 0.0;
+  for (int64_t pos = 0, n = prompt; pos < prompt + steps; pos += n, n = 1) {
+    std::vector<float> q(n * qw), k_pre(n * kw, 0.0f), v(n * kw), out_a(n * qw), out_b(n * qw);
+    for (float& x : q) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    for (int64_t t = 0; t < n; ++t) pre_rope_key(pos + t, &k_pre[t * kw]);
+    std::vector<float> k = k_pre;
+    for (int64_t t = 0; t < n; ++t)
+      spin::cpu::rope(&k[t * kw], s.n_kv_heads, s.head_dim, pos + t, rope.inv_freq.data(), rope.mscale, rope.neox);
+    for (int64_t l = 0; l < s.n_layers; ++l) {
+      const spin::AttentionTokens tokens{q.data(), k.data(), v.data(), k_pre.data(), &rope};
+      a.forward(l, pos, n, tokens, out_a.data());
+      b.forward(l, pos, n, tokens, out_b.data());
+      if (n == 1) worst = std::max(worst, rel_error(out_a.data(), out_b.data(), out_a.size()));
+    }
+  }
+  return worst;
+}
+
 // Chunked prefill of 150 tokens, then 40 decode steps; the largest relative error of any output.
 inline double max_error_vs_dense(const spin::AttentionShape& shape,
                                  const spin::sparse::SparseSettings& settings, uint32_t page_size) {

@@ -21,8 +21,7 @@ constexpr uint32_t kChunk = 8;
 // equal dense attention.
 TEST(SparseFidelityFixes, ShadowKvDecodeChunksKeepExactKeys) {
   const int64_t prompt = 200, steps = 80;
-  const int64_t kw = kShape.n_kv_heads * kShape.head_dim, qw = kShape.n_heads * kShape.head_dim;
-  const spin::RopeTable rope = spin::make_rope_table(spin::RopeConfig{}, kShape.head_dim);
+  const int64_t kw = kShape.n_kv_heads * kShape.head_dim;
   spin_test::PagedStore store(kShape, 512, kChunk);
   auto paged = store.attention(kShape, {.algorithm = "shadowkv", .budget_fraction = 1.0,
                                         .shadowkv_rank = 4, .shadowkv_outliers = 0});
@@ -31,33 +30,17 @@ TEST(SparseFidelityFixes, ShadowKvDecodeChunksKeepExactKeys) {
   std::normal_distribution<float> n01(0.0f, 1.0f);
   std::vector<float> basis(4 * kw);
   for (float& x : basis) x = n01(rng);
-  double worst_decode = 0.0;
-  for (int64_t pos = 0, n = prompt; pos < prompt + steps; pos += n, n = 1) {
-    std::vector<float> q(n * qw), k_pre(n * kw, 0.0f), v(n * kw), a(n * qw), b(n * qw);
-    for (float& x : q) x = n01(rng);
-    for (float& x : v) x = n01(rng);
-    for (int64_t t = 0; t < n; ++t) {
-      if (pos < prompt) {
-        for (int j = 0; j < 4; ++j) {
-          const float c = n01(rng);
-          for (int64_t i = 0; i < kw; ++i) k_pre[t * kw + i] += c * basis[j * kw + i];
+  const double worst_decode =
+      spin_test::max_decode_error(*paged, dense, kShape, prompt, steps, rng, n01, [&](int64_t pos, float* row) {
+        if (pos < prompt) {
+          for (int j = 0; j < 4; ++j) {
+            const float c = n01(rng);
+            for (int64_t i = 0; i < kw; ++i) row[i] += c * basis[j * kw + i];
+          }
+        } else {
+          for (int64_t i = 0; i < kw; ++i) row[i] = 2.0f * n01(rng);
         }
-      } else {
-        for (int64_t i = 0; i < kw; ++i) k_pre[t * kw + i] = 2.0f * n01(rng);
-      }
-    }
-    std::vector<float> k = k_pre;
-    for (int64_t t = 0; t < n; ++t)
-      spin::cpu::rope(&k[t * kw], kShape.n_kv_heads, kShape.head_dim, pos + t,
-                      rope.inv_freq.data(), rope.mscale, rope.neox);
-    for (int64_t l = 0; l < kShape.n_layers; ++l) {
-      const spin::AttentionTokens tokens{q.data(), k.data(), v.data(), k_pre.data(), &rope};
-      paged->forward(l, pos, n, tokens, a.data());
-      dense.forward(l, pos, n, tokens, b.data());
-      if (n == 1)
-        worst_decode = std::max(worst_decode, spin_test::rel_error(a.data(), b.data(), a.size()));
-    }
-  }
+      });
   EXPECT_LE(worst_decode, 2e-5);
 }
 

@@ -36,8 +36,7 @@ TEST(SparseShadowKv, FullBudgetThroughTheTransformer) {
 // Pre-RoPE keys of true rank 4 (a shared 4-dim subspace across both KV heads): rank 4 rebuilds
 // them exactly, rank 2 does not.
 TEST(SparseShadowKv, LowRankKeysRebuildExactly) {
-  const int64_t T = 200, kw = kShape.n_kv_heads * kShape.head_dim, qw = kShape.n_heads * kShape.head_dim;
-  const spin::RopeTable rope = spin::make_rope_table(spin::RopeConfig{}, kShape.head_dim);
+  const int64_t T = 200, kw = kShape.n_kv_heads * kShape.head_dim;
   auto run = [&](uint32_t rank) {
     spin_test::PagedStore store(kShape, 256, kChunk);
     auto paged = store.attention(kShape, {.algorithm = "shadowkv", .budget_fraction = 1.0,
@@ -47,29 +46,12 @@ TEST(SparseShadowKv, LowRankKeysRebuildExactly) {
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::vector<float> basis(4 * kw);
     for (float& x : basis) x = n01(local);
-    double worst = 0.0;
-    for (int64_t pos = 0, n = T; pos < T + 20; pos += n, n = 1) {
-      std::vector<float> q(n * qw), k_pre(n * kw, 0.0f), v(n * kw), a(n * qw), b(n * qw);
-      for (float& x : q) x = n01(local);
-      for (float& x : v) x = n01(local);
-      for (int64_t t = 0; t < n; ++t) {
-        for (int j = 0; j < 4; ++j) {
-          const float c = n01(local);
-          for (int64_t i = 0; i < kw; ++i) k_pre[t * kw + i] += c * basis[j * kw + i];
-        }
+    return spin_test::max_decode_error(*paged, dense, kShape, T, 20, local, n01, [&](int64_t, float* row) {
+      for (int j = 0; j < 4; ++j) {
+        const float c = n01(local);
+        for (int64_t i = 0; i < kw; ++i) row[i] += c * basis[j * kw + i];
       }
-      std::vector<float> k = k_pre;
-      for (int64_t t = 0; t < n; ++t)
-        spin::cpu::rope(&k[t * kw], kShape.n_kv_heads, kShape.head_dim, pos + t,
-                        rope.inv_freq.data(), rope.mscale, rope.neox);
-      for (int64_t l = 0; l < kShape.n_layers; ++l) {
-        const spin::AttentionTokens tokens{q.data(), k.data(), v.data(), k_pre.data(), &rope};
-        paged->forward(l, pos, n, tokens, a.data());
-        dense.forward(l, pos, n, tokens, b.data());
-        if (n == 1) worst = std::max(worst, spin_test::rel_error(a.data(), b.data(), a.size()));
-      }
-    }
-    return worst;
+    });
   };
   EXPECT_LE(run(4), 2e-5);
   EXPECT_GT(run(2), 1e-3);

@@ -424,6 +424,16 @@ TEST_F(GpuSelectTop, KNearCountAndAllTies) {
 
 // --- Parameters -----------------------------------------------------------------------------
 
+// Launches `launch` on a copy of `valid` with one change applied: one bad parameter at a time.
+template <typename Params, typename Launch>
+auto changed_launch(const Params& valid, Launch launch) {
+  return [valid, launch](auto change) {
+    Params p = valid;
+    change(p);
+    return launch(p, nullptr);
+  };
+}
+
 TEST_F(GpuSparseSelect, RejectsBadParams) {
   DeviceArray<uint16_t> buf(4096);
   DeviceArray<int32_t> ints(64);
@@ -439,12 +449,9 @@ TEST_F(GpuSparseSelect, RejectsBadParams) {
   index.num_pages = 0;
   index.summaries = bf;
   EXPECT_EQ(cuda::quest_index_pages(index, nullptr), cudaSuccess);  // nothing to do
-  auto index_with = [&](auto change) {
-    cuda::QuestIndexParams p = index;
-    p.num_pages = 1;
-    change(p);
-    return cuda::quest_index_pages(p, nullptr);
-  };
+  cuda::QuestIndexParams one_page = index;
+  one_page.num_pages = 1;
+  const auto index_with = changed_launch(one_page, cuda::quest_index_pages);
   EXPECT_EQ(index_with([](auto& p) { p.num_pages = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(index_with([](auto& p) { p.head_dim = 96; }), cudaErrorInvalidValue);
   for (int ps : {0, 4, 12, 72, 128})
@@ -467,12 +474,9 @@ TEST_F(GpuSparseSelect, RejectsBadParams) {
   score.max_candidates = 4;
   score.scores = reinterpret_cast<float*>(bf);
   EXPECT_EQ(cuda::quest_score_pages(score, nullptr), cudaSuccess);  // nothing to do
-  auto score_with = [&](auto change) {
-    cuda::QuestScoreParams p = score;
-    p.num_seqs = 1;
-    change(p);
-    return cuda::quest_score_pages(p, nullptr);
-  };
+  cuda::QuestScoreParams one_seq = score;
+  one_seq.num_seqs = 1;
+  const auto score_with = changed_launch(one_seq, cuda::quest_score_pages);
   EXPECT_EQ(score_with([](auto& p) { p.num_seqs = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(score_with([](auto& p) { p.num_kv_heads = -2; }), cudaErrorInvalidValue);
   EXPECT_EQ(score_with([](auto& p) { p.max_candidates = -1; }), cudaErrorInvalidValue);
@@ -498,12 +502,9 @@ TEST_F(GpuSparseSelect, RejectsBadParams) {
   select.num_kv_heads = 1;
   select.out_pages = ip;
   EXPECT_EQ(cuda::select_top_pages(select, nullptr), cudaSuccess);  // nothing to do
-  auto select_with = [&](auto change) {
-    cuda::SelectTopParams p = select;
-    p.num_seqs = 1;
-    change(p);
-    return cuda::select_top_pages(p, nullptr);
-  };
+  cuda::SelectTopParams one_row = select;
+  one_row.num_seqs = 1;
+  const auto select_with = changed_launch(one_row, cuda::select_top_pages);
   EXPECT_EQ(select_with([](auto& p) { p.num_seqs = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(select_with([](auto& p) { p.num_kv_heads = -1; }), cudaErrorInvalidValue);
   EXPECT_EQ(select_with([](auto& p) { p.max_candidates = -1; }), cudaErrorInvalidValue);
