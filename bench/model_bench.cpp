@@ -11,6 +11,12 @@
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
+//   --sparse-algorithm quest: sparse decode over the two-tier store (a pinned host tier sized for
+//   the largest batch x context). The device pages get random values, each sequence's uncomputed
+//   context is indexed by its own first decode step, then the batch decodes; the table gives the
+//   cache hit rate and the bytes retrieved from the host tier per step (GPU 0's share). Random
+//   keys and random tokens make selections churn more than a real model's would: this is a
+//   retrieval-heavy case, not a typical one.
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
@@ -64,6 +70,8 @@ struct BenchArgs {
   bool cuda_graphs = true;
   double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
+  std::string sparse_algorithm = "dense";
+  int64_t sparse_budget = 0;  // tokens per KV head; 0: the algorithm's default
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -238,19 +246,36 @@ void run_cuda(const BenchArgs& a) {
   cuda_ok(cudaSetDevice(0), "cudaSetDevice");
   const double bandwidth = device_copy_bandwidth(9);  // before the pool takes the free memory
 
+  const spin::AttentionShape rank_shape = ranks.front()->attention_shape();
+  // Per GPU from here on: pages, pool and bytes read are one rank's.
+  const int64_t pages_per_group = rank_shape.n_layers * rank_shape.n_kv_heads;
+  const bool sparse = a.sparse_algorithm != "dense";
   spin::CudaPagedKvConfig kv_config;
   kv_config.gpu_memory_utilization = a.gpu_memory_utilization;
   kv_config.max_batch = max_batch;
   kv_config.max_context = max_context;
-  const spin::AttentionShape rank_shape = ranks.front()->attention_shape();
+  if (sparse) {
+    // One group more than the sequences' pages: the store keeps one for itself.
+    kv_config.host_pages =
+        (max_batch * ((max_context + kv_config.page_size - 1) / kv_config.page_size) + 1) * pages_per_group;
+  }
+  spin::AttentionSettings settings;
+  settings.algorithm = a.sparse_algorithm;
+  settings.budget = a.sparse_budget;
+  const auto host_start = clock_type::now();
   std::vector<std::unique_ptr<spin::CudaPagedAttentionFactory>> rank_factories =
       spin::make_cuda_rank_factories(rank_shape, kv_config, world);
+  const double pool_seconds = seconds_since(host_start);
   const spin::CudaPagedAttentionFactory& factory = *rank_factories.front();
+  factory.validate(settings);
+  if (sparse) {
+    for (auto& f : rank_factories) f->randomize_device_pages(7);
+  }
   // A sequence's KV: one handle per rank (TensorParallelKv) when split, else the store's own.
   auto create_kv = [&](int64_t capacity) -> std::unique_ptr<spin::SequenceKv> {
-    if (world == 1) return rank_factories.front()->create(spin::AttentionSettings{}, capacity);
+    if (world == 1) return rank_factories.front()->create(settings, capacity);
     std::vector<std::unique_ptr<spin::SequenceKv>> parts;
-    for (auto& f : rank_factories) parts.push_back(f->create(spin::AttentionSettings{}, capacity));
+    for (auto& f : rank_factories) parts.push_back(f->create(settings, capacity));
     return std::make_unique<spin::TensorParallelKv>(std::move(parts));
   };
   auto append_uncomputed = [&](spin::SequenceKv& kv, int64_t tokens) {
@@ -258,8 +283,6 @@ void run_cuda(const BenchArgs& a) {
     auto& split = dynamic_cast<spin::TensorParallelKv&>(kv);
     for (int r = 0; r < world; ++r) rank_factories[static_cast<size_t>(r)]->append_uncomputed(split.rank(r), tokens);
   };
-  // Per GPU from here on: pages, pool and bytes read are one rank's.
-  const int64_t pages_per_group = rank_shape.n_layers * rank_shape.n_kv_heads;
   const int64_t pool_tokens = factory.capacity().device_pages / pages_per_group * factory.page_size();
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
@@ -278,6 +301,13 @@ void run_cuda(const BenchArgs& a) {
   std::printf("| KV pool (per GPU) | %.2f GB, %lld tokens of one sequence |\n", factory.pool_bytes() / 1e9,
               static_cast<long long>(pool_tokens));
   std::printf("| device copy bandwidth (read + write, 1 GiB cudaMemcpy, median of 9) | %.0f GB/s |\n", bandwidth / 1e9);
+  if (sparse) {
+    std::printf("| attention | %s, budget %lld tokens per KV head (0: its default) |\n", a.sparse_algorithm.c_str(),
+                static_cast<long long>(a.sparse_budget));
+    std::printf("| KV host tier (per GPU, pinned) | %.2f GB (pools made in %.1f s) |\n",
+                static_cast<double>(factory.capacity().host_pages * factory.page_size() * rank_shape.head_dim) * 4.0 / 1e9,
+                pool_seconds);
+  }
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
@@ -300,41 +330,66 @@ void run_cuda(const BenchArgs& a) {
                 static_cast<long long>(a.prefill_chunk), median(rates));
   }
 
-  std::printf("\n| batch | context | decode tok/s | ms/step | bytes read/step | bound tok/s | of bound |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  if (sparse) {
+    std::printf("\n| batch | context | decode tok/s | ms/step | cache hit rate | retrieved GB/step (GPU 0) |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+  } else {
+    std::printf("\n| batch | context | decode tok/s | ms/step | bytes read/step | bound tok/s | of bound |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+  }
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
       const int64_t capacity = context + a.decode_tokens * (a.repeats + 2) + 1;
-      const int64_t pages_needed = batch * ((capacity + factory.page_size() - 1) / factory.page_size()) * pages_per_group;
-      if (pages_needed > factory.capacity().device_pages) {
-        std::printf("| %lld | %lld | (KV of %.1f GB does not fit the pool) | | | | |\n", static_cast<long long>(batch),
+      // Sparse: every sequence decoding, and the device pages of one still holding its whole context
+      // (until its first decode step frees them; its host pages are counted already).
+      const spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());
+      spin::KvDemand need;
+      for (int64_t b = 0; b < batch; ++b) need += each;
+      if (sparse) need.device_pages += factory.demand(settings, context, capacity, false, factory.page_size()).device_pages;
+      if (!need.fits_within(factory.capacity())) {
+        std::printf("| %lld | %lld | (does not fit the pools: %.1f GB of KV) | | | | |\n", static_cast<long long>(batch),
                     static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9);
         continue;
       }
       std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
+      std::vector<int32_t> ids(static_cast<size_t>(batch));
+      std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
+      // One decode step of sequences [first, end).
+      auto decode_step = [&](int64_t first, int64_t end) {
+        for (int64_t b = first; b < end; ++b) {
+          ids[b] = token(rng);
+          chunks[b - first] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
+        }
+        model->forward(std::span(chunks).first(static_cast<size_t>(end - first)), false, logits);
+      };
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(create_kv(capacity));
         append_uncomputed(*seqs.back(), context);
+        if (sparse) decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
       }
-      std::vector<int32_t> ids(static_cast<size_t>(batch));
-      std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
-      auto decode_step = [&] {
-        for (int64_t b = 0; b < batch; ++b) {
-          ids[b] = token(rng);
-          chunks[b] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
-        }
-        model->forward(chunks, false, logits);
-      };
       // Warm-up: the first step of a shape runs eagerly, the second captures its graph.
-      decode_step();
-      decode_step();
+      decode_step(0, batch);
+      decode_step(0, batch);
+      const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
       std::vector<double> step_seconds;
       for (int r = 0; r < a.repeats; ++r) {
         const auto t = clock_type::now();
-        for (int64_t i = 0; i < a.decode_tokens; ++i) decode_step();
+        for (int64_t i = 0; i < a.decode_tokens; ++i) decode_step(0, batch);
         step_seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
       }
       const double step = median(step_seconds);
+      if (sparse) {
+        const spin::KvStoreUsage after = factory.usage().value_or(spin::KvStoreUsage{});
+        const auto hits = static_cast<double>(after.hits - before.hits);
+        const auto misses = static_cast<double>(after.misses - before.misses);
+        const auto steps = static_cast<double>(a.decode_tokens * a.repeats);
+        std::printf("| %lld | %lld | %.1f | %.2f | %.3f | %.3f |\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), batch / step, step * 1e3,
+                    hits + misses > 0 ? hits / (hits + misses) : 0.0,
+                    static_cast<double>(after.retrieve_bytes - before.retrieve_bytes) / steps / 1e9);
+        std::fflush(stdout);
+        continue;
+      }
       const double mean_context = static_cast<double>(context) + 2.0 + a.decode_tokens * (a.repeats / 2.0);
       const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
                            static_cast<double>(batch) * mean_context * kv_bytes_per_token;
@@ -375,6 +430,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
       ->capture_default_str();
+  app.add_option("--sparse-algorithm", a.sparse_algorithm, "cuda: dense | quest (sparse decode over a host tier)")
+      ->capture_default_str();
+  app.add_option("--sparse-budget", a.sparse_budget, "cuda: tokens selected per KV head (0: the algorithm's default)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -384,6 +443,8 @@ int main(int argc, char** argv) {
     for (int64_t v : a.prefill_lengths) SPIN_CHECK(v > 0, "--prefill lengths must be positive, got {}", v);
     for (int64_t v : a.decode_contexts) SPIN_CHECK(v > 0, "--decode-context lengths must be positive, got {}", v);
     for (int64_t v : a.batches) SPIN_CHECK(v > 0 && v <= 4096, "--batch sizes must be in 1..4096, got {}", v);
+    SPIN_CHECK(a.sparse_budget >= 0, "--sparse-budget must be >= 0, got {}", a.sparse_budget);
+    SPIN_CHECK(a.sparse_algorithm == "dense" || a.device == "cuda", "--sparse-algorithm needs --device cuda");
     SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
                "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
                a.tensor_parallel_size);

@@ -19,6 +19,9 @@ for f in .gpu-deps/*.deb; do dpkg-deb -x "$f" "$deps"; done
 export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$deps
 export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# On a machine with 2+ GPUs the tensor-parallel tests run too; they need kernels loaded eagerly
+# (kernels/cuda/module_loading.h) and NVLink multicast off.
+export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 
 bin=build/gpu

@@ -3,8 +3,9 @@
 # (scripts/gpu-prebuild.sh stages them in .gpu-bin/; the device call carries .gpu-bin and
 # .gpu-deps): the tensor-parallel and NCCL GPU tests, then (when they pass) dummy Qwen3-32B decode
 # at tp=1, 2 and (with 4 GPUs) 4 (batch 1, 8, 32; context 1024 and 8192), tp=2 without CUDA graphs,
-# and a short scaling table last (rows that do not fit one GPU's KV pool show '-'). The one-GPU
-# tests are scripts/gpu-check.sh's.
+# sparse (quest, 512-token budget = 1.56% of 32K) decode at the same sizes (batch 1 and 8; context
+# 16K and 32K), and a short scaling table per mode last (rows that do not fit one GPU's KV pool show
+# '-'). SPIN_TP_PART=tests|bench|sparse runs only the tests, the benchmarks or the sparse ones. The one-GPU tests are scripts/gpu-check.sh's.
 # A step that outlives its time limit gets its threads' stacks printed (gdb or eu-stack when the
 # machine has one, else each thread's kernel wait channel) before it is killed.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Results go to $OUT when set.
@@ -81,29 +82,44 @@ for block in re.split(r"\n(?=TID )", sys.stdin.read()):
 }
 
 status=0
-echo "== tensor-parallel and NCCL GPU tests ($gpus GPUs)"
-limited 150 "$out/tp_tests.log" "$bin/tests/spin_gpu_tests" --gtest_filter='*TensorParallel*:Nccl*' \
-  --gtest_output=json:"$out/tp_tests.json" || status=1
-if [ "$status" != 0 ]; then
-  echo "== the tests failed: no benchmarks"
-  exit 1
+part=${SPIN_TP_PART:-all}
+if [ "$part" = all ] || [ "$part" = tests ]; then
+  echo "== tensor-parallel and NCCL GPU tests ($gpus GPUs)"
+  limited 150 "$out/tp_tests.log" "$bin/tests/spin_gpu_tests" --gtest_filter='*TensorParallel*:Nccl*' \
+    --gtest_output=json:"$out/tp_tests.json" || status=1
+  if [ "$status" != 0 ]; then
+    echo "== the tests failed: no benchmarks"
+    exit 1
+  fi
 fi
+[ "$part" = tests ] && exit 0
 
 # Decode only (the prefill rows are skipped with a tiny --prefill); 16 timed steps x 2 repeats.
 bench=("$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8 32
        --decode-context 1024 8192 --prefill 16 --decode-tokens 16 --repeats 2)
+if [ "$part" != sparse ]; then
+  for tp in "${tps[@]}"; do
+    echo "== dummy $model decode, tensor parallel $tp"
+    limited 100 "$out/bench_tp$tp.md" "${bench[@]}" --tensor-parallel-size "$tp" || status=1
+  done
+fi
+sparse=("$bin/bin/spin_bench_model" --device cuda --load-format dummy --model "$model" --batch 1 8
+        --decode-context 16384 32768 --prefill 16 --decode-tokens 16 --repeats 2 --sparse-algorithm quest
+        --sparse-budget 512)
 for tp in "${tps[@]}"; do
-  echo "== dummy $model decode, tensor parallel $tp"
-  limited 100 "$out/bench_tp$tp.md" "${bench[@]}" --tensor-parallel-size "$tp" || status=1
+  echo "== dummy $model sparse decode (quest), tensor parallel $tp"
+  limited 150 "$out/bench_sparse_tp$tp.md" "${sparse[@]}" --tensor-parallel-size "$tp" || status=1
 done
 # The all-reduces inside CUDA graphs against eager steps (and a fallback figure if capture fails).
-echo "== dummy $model decode, tensor parallel 2, CUDA graphs off"
-limited 60 "$out/bench_tp2_no_graphs.md" "$bin/bin/spin_bench_model" --device cuda --load-format dummy \
-  --model "$model" --batch 1 8 --decode-context 1024 --prefill 16 --decode-tokens 16 --repeats 2 \
-  --tensor-parallel-size 2 --no-cuda-graphs || status=1
+if [ "$part" != sparse ]; then
+  echo "== dummy $model decode, tensor parallel 2, CUDA graphs off"
+  limited 60 "$out/bench_tp2_no_graphs.md" "$bin/bin/spin_bench_model" --device cuda --load-format dummy \
+    --model "$model" --batch 1 8 --decode-context 1024 --prefill 16 --decode-tokens 16 --repeats 2 \
+    --tensor-parallel-size 2 --no-cuda-graphs || status=1
+fi
 
 echo "== decode tok/s by tensor-parallel size ($model, dummy weights)"
-python3 - "$out"/bench_tp*.md <<'EOF' | tee "$out/scaling.md"
+python3 - "$out"/bench_*tp*.md <<'EOF' | tee "$out/scaling.md"
 import re, sys
 def rates(path):
     table = {}
@@ -116,21 +132,23 @@ def rates(path):
         if len(cells) >= 3 and cells[0].isdigit() and cells[1].isdigit() and re.match(r'^[0-9.]+$', cells[2]):
             table[(int(cells[0]), int(cells[1]))] = float(cells[2])
     return table
-runs = {}
+modes = {}  # mode -> tp -> (batch, context) -> tok/s
 for path in sys.argv[1:]:
-    m = re.search(r'bench_tp(\d+)\.md$', path)
+    m = re.search(r'bench_(sparse_)?tp(\d+)\.md$', path)
     if m:
-        runs[int(m.group(1))] = rates(path)
-sizes = sorted(runs)
-keys = sorted(set().union(*runs.values())) if runs else []
-print("| batch | context | " + " | ".join(f"tp{t} tok/s" for t in sizes) + " | " +
-      " | ".join(f"tp{t} / tp1" for t in sizes if t > 1) + " |")
-print("|---|---|" + "---|" * (2 * len(sizes) - 1))
-for key in keys:
-    vals = [runs[t].get(key) for t in sizes]
-    base = runs.get(1, {}).get(key)
-    ratios = [f"{runs[t][key] / base:.2f}" if base and runs[t].get(key) else "-" for t in sizes if t > 1]
-    print(f"| {key[0]} | {key[1]} | " + " | ".join(str(v) if v else "-" for v in vals) + " | " +
-          " | ".join(ratios) + " |")
+        modes.setdefault("sparse (quest)" if m.group(1) else "dense", {})[int(m.group(2))] = rates(path)
+for mode, runs in sorted(modes.items()):
+    sizes = sorted(runs)
+    keys = sorted(set().union(*runs.values()))
+    print(f"\n{mode}\n")
+    print("| batch | context | " + " | ".join(f"tp{t} tok/s" for t in sizes) + " | " +
+          " | ".join(f"tp{t} / tp1" for t in sizes if t > 1) + " |")
+    print("|---|---|" + "---|" * (2 * len(sizes) - 1))
+    for key in keys:
+        vals = [runs[t].get(key) for t in sizes]
+        base = runs.get(1, {}).get(key)
+        ratios = [f"{runs[t][key] / base:.2f}" if base and runs[t].get(key) else "-" for t in sizes if t > 1]
+        print(f"| {key[0]} | {key[1]} | " + " | ".join(str(v) if v else "-" for v in vals) + " | " +
+              " | ".join(ratios) + " |")
 EOF
 exit $status

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "engine/paged_attention_factory.h"
+#include "kernels/cuda/fill.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
@@ -93,8 +94,11 @@ class CudaKvStore final : public DeviceAttention {
 
   // Grows `groups` to `count` groups, all or nothing (kv::PoolExhausted when short).
   void grow(std::vector<uint32_t>& groups, int64_t count);
+  // A sparse sequence's prefill growth to `pages` logical pages in every pool, all or nothing.
+  void grow_prefill(std::vector<uint32_t>& groups, SparseKv& sparse, int64_t pages);
   // Gives back a sequence's groups of every pool.
   void release(std::vector<uint32_t>& groups, SparseKv* sparse);
+  void randomize_device_pages(uint64_t seed);
   KvStoreUsage usage() const;
   KvDemand capacity() const;
   std::atomic<int64_t> live_sequences{0};
@@ -440,6 +444,29 @@ void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
   while (static_cast<int64_t>(groups.size()) < count) groups.push_back(groups_.alloc());
 }
 
+void CudaKvStore::grow_prefill(std::vector<uint32_t>& groups, SparseKv& sp, int64_t pages) {
+  const int64_t chunks = (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+  const auto missing = [pages](const std::vector<uint32_t>& v) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, pages - static_cast<int64_t>(v.size())));
+  };
+  std::lock_guard lock(mutex_);
+  groups_.require(missing(groups));
+  low_groups_.require(missing(sp.low));
+  host_pool_.require(missing(sp.host));
+  chunk_pool_.require(static_cast<uint64_t>(std::max<int64_t>(0, chunks - static_cast<int64_t>(sp.chunks.size()))));
+  while (static_cast<int64_t>(groups.size()) < pages) groups.push_back(groups_.alloc());
+  while (static_cast<int64_t>(sp.low.size()) < pages) sp.low.push_back(low_groups_.alloc());
+  while (static_cast<int64_t>(sp.host.size()) < pages) sp.host.push_back(host_pool_.alloc());
+  while (static_cast<int64_t>(sp.chunks.size()) < chunks) sp.chunks.push_back(chunk_pool_.alloc());
+}
+
+void CudaKvStore::randomize_device_pages(uint64_t seed) {
+  cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  cuda_check(cuda::fill_dummy_bf16(pool_.get(), static_cast<int64_t>(pool_.size()), seed, 0, 0.0f, 1.0f, nullptr),
+             "KV pool fill");
+  cuda_check(cudaDeviceSynchronize(), "KV pool fill");
+}
+
 void CudaKvStore::release(std::vector<uint32_t>& groups, SparseKv* sparse) {
   std::lock_guard lock(mutex_);
   for (uint32_t g : groups) {
@@ -638,16 +665,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       grow(kv.groups(), pages_for(end));
       continue;
     }
-    const bool decode = is_decode(kv, *sp, n);
+    if (!is_decode(kv, *sp, n)) {
+      grow_prefill(kv.groups(), *sp, pages_for(end));
+      continue;
+    }
     {
       std::lock_guard lock(mutex_);
       while (static_cast<int64_t>(sp->chunks.size()) < chunks_for(pages_for(end))) sp->chunks.push_back(chunk_pool_.alloc());
-      if (!decode) {
-        while (static_cast<int64_t>(kv.groups().size()) < pages_for(end)) kv.groups().push_back(groups_.alloc());
-        while (static_cast<int64_t>(sp->low.size()) < pages_for(end)) sp->low.push_back(low_groups_.alloc());
-        while (static_cast<int64_t>(sp->host.size()) < pages_for(end)) sp->host.push_back(host_pool_.alloc());
-        continue;
-      }
     }
     const sparse::DecodeWindow w = plans[i].window;
     if (!sp->decoding) end_prefill(kv, pos, w, transition_src, transition_dst, stream);  // takes the lock itself
@@ -1151,13 +1175,19 @@ std::optional<KvStoreUsage> CudaPagedAttentionFactory::usage() const { return st
 void CudaPagedAttentionFactory::append_uncomputed(SequenceKv& kv, int64_t tokens) {
   auto* seq = dynamic_cast<CudaSequenceKv*>(&kv);
   SPIN_CHECK(seq != nullptr && seq->owner() == store_.get(), "append_uncomputed: KV from another store");
-  SPIN_CHECK(seq->sparse() == nullptr, "append_uncomputed: dense KV only");
   const int64_t end = seq->length() + tokens;
   SPIN_CHECK(tokens >= 0 && end <= seq->max_tokens(), "KV cache full: {} tokens requested, capacity {}", end,
              seq->max_tokens());
-  store_->grow(seq->groups(), store_->pages_for(end));
+  if (seq->sparse() == nullptr) {
+    store_->grow(seq->groups(), store_->pages_for(end));
+  } else {
+    SPIN_CHECK(!seq->sparse()->decoding, "append_uncomputed: the sparse sequence is past its prefill");
+    store_->grow_prefill(seq->groups(), *seq->sparse(), store_->pages_for(end));
+  }
   seq->stored(end);
 }
+
+void CudaPagedAttentionFactory::randomize_device_pages(uint64_t seed) { store_->randomize_device_pages(seed); }
 
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
 

@@ -73,10 +73,16 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   bool single_token_is_decode(const AttentionSettings& settings) const override;
   std::optional<KvStoreUsage> usage() const override;
 
-  // Benchmarks: makes `kv` (dense) hold `tokens` more tokens without computing them (their K/V are
-  // whatever the pages hold). Decode time depends on how many keys there are, not on their values,
-  // so long contexts can be timed without prefilling them. Throws kv::PoolExhausted when short.
+  // Benchmarks: makes `kv` hold `tokens` more tokens without computing them (their K/V are
+  // whatever the pages hold). Dense decode time depends on how many keys there are, not on their
+  // values, so long contexts can be timed without prefilling them. A sparse sequence must still be
+  // in its prefill: it takes the pages a prefill of those tokens would (device, first dense layers,
+  // host tier, summary chunks), and its first decode step indexes them. Throws kv::PoolExhausted
+  // when short.
   void append_uncomputed(SequenceKv& kv, int64_t tokens);
+  // Benchmarks: every device page gets uniform random values in [-1, 1), so uncomputed keys rank
+  // differently for different queries (a sparse selection over all-equal keys would never change).
+  void randomize_device_pages(uint64_t seed);
   int64_t pool_bytes() const;
   int64_t page_size() const;
 

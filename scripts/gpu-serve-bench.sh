@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Serving on one GPU with binaries built elsewhere (scripts/gpu-prebuild.sh; the device call carries
+# .gpu-bin and .gpu-deps): `spin serve` on dummy Qwen3-14B with its device KV pool capped, once per
+# attention mode, each driven by `spin bench` with the LongBench-v2-shaped load scaled down to fit a
+# 10-minute call; a comparison table last. Sparse modes also get a pinned host tier of
+# SPIN_SERVE_HOST_RATIO x the device pool (the paper's ~2.5:1 host:HBM); dense keeps all its KV on
+# the device, so the cap is what limits its batch.
+# Env (defaults in brackets): SPIN_SERVE_MODES [dense quest], SPIN_SERVE_RATES [0.4 0.8 1.6],
+# SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_DEVICE_GB [4],
+# SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
+# SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode], SPIN_SERVE_DEVICE [cuda; cpu
+# makes it a smoke test of the script]. Results go to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/spin-gpu-serve-out}
+mkdir -p "$out"
+bin=${SPIN_GPU_PREBUILT:-.gpu-bin}/bin
+deps=/tmp/spin-deps
+mkdir -p "$deps"
+for f in .gpu-deps/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$deps"; done
+export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+chmod +x "$bin"/* 2>/dev/null || true
+
+modes=(${SPIN_SERVE_MODES:-dense quest})
+rates=(${SPIN_SERVE_RATES:-0.4 0.8 1.6})
+prompts=${SPIN_SERVE_PROMPTS:-24}
+scale=${SPIN_SERVE_SCALE:-0.1}
+model=${SPIN_SERVE_MODEL:-qwen3-14b}
+seconds=${SPIN_SERVE_SECONDS:-270}
+budget=${SPIN_SERVE_BUDGET:-0.0156}
+page_kb=8  # bf16 K+V of 16 tokens x head_dim 128: one page (one layer x KV head)
+device_pages=$(python3 -c "print(int(${SPIN_SERVE_DEVICE_GB:-4} * 1e9 / ($page_kb * 1024)))")
+host_pages=$(python3 -c "print(int($device_pages * ${SPIN_SERVE_HOST_RATIO:-2.5}))")
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt" 2>/dev/null || true
+
+# GET $1: the body on stdout, false unless HTTP 200.
+http_get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1" 2>/dev/null; }
+
+status=0
+port=18600
+for mode in "${modes[@]}"; do
+  port=$((port + 1))
+  flags=(--device "${SPIN_SERVE_DEVICE:-cuda}" --load-format dummy --model "$model" --port "$port" --max-model-len "${SPIN_SERVE_MAX_LEN:-16384}"
+         --max-num-seqs 64 --kv-device-pages "$device_pages")
+  if [ "$mode" != dense ]; then
+    flags+=(--kv-host-pages "$host_pages" --sparse-algorithm "$mode" --sparse-budget "$budget")
+  fi
+  echo "== $mode: spin serve ${flags[*]}"
+  "$bin/spin" serve "${flags[@]}" >"$out/serve_$mode.log" 2>&1 &
+  server=$!
+  for _ in $(seq 600); do
+    http_get "http://127.0.0.1:$port/health" >/dev/null && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.2
+  done
+  if ! http_get "http://127.0.0.1:$port/health" >/dev/null; then
+    echo "!! $mode: the server did not start"; tail -n 20 "$out/serve_$mode.log"; status=1
+    kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
+    continue
+  fi
+  timeout "$seconds" "$bin/spin" bench --base-url "http://127.0.0.1:$port/v1" --dataset-name longbench-v2 \
+    --length-scale "$scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
+    --goodput ttft:10000 tpot:100 --timeout 240 --json-out "$out/bench_$mode.json" 2>&1 | tee "$out/bench_$mode.log" \
+    || { echo "!! $mode: bench failed or ran out of time"; status=1; }
+  http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine)' >"$out/metrics_$mode.txt"
+  kill -INT "$server" 2>/dev/null
+  wait "$server" 2>/dev/null
+done
+
+echo "== $model, device KV pool $device_pages pages (${SPIN_SERVE_DEVICE_GB:-4} GB), sparse host tier $host_pages pages"
+python3 - "$out" "${modes[@]}" <<'EOF' | tee "$out/serving.md"
+import json, sys
+out, modes = sys.argv[1], sys.argv[2:]
+runs = {}
+for m in modes:
+    try:
+        runs[m] = {str(r["request_rate"]): r for r in json.load(open(f"{out}/bench_{m}.json"))["runs"]}
+    except (OSError, ValueError, KeyError):
+        runs[m] = {}
+print("| mode | rate | done | req/s | out tok/s | TTFT mean / p99 (ms) | TPOT mean (ms) | running batch mean / max |")
+print("|---|---|---|---|---|---|---|---|")
+for m in modes:
+    for rate, r in runs[m].items():
+        print(f"| {m} | {rate} | {r['completed']}/{r['num_prompts']} | {r['request_throughput']:.3f} | "
+              f"{r['output_throughput']:.0f} | {r['ttft_ms']['mean']:.0f} / {r['ttft_ms']['p99']:.0f} | "
+              f"{r['tpot_ms']['mean']:.1f} | {r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
+base = runs.get("dense", {})
+for m in modes:
+    if m == "dense":
+        continue
+    for rate, r in runs[m].items():
+        d = base.get(rate)
+        if d and d["output_throughput"] > 0 and r["ttft_ms"]["mean"] > 0:
+            print(f"{m} / dense at rate {rate}: output throughput {r['output_throughput'] / d['output_throughput']:.2f}x, "
+                  f"TTFT {d['ttft_ms']['mean'] / r['ttft_ms']['mean']:.2f}x lower")
+EOF
+exit $status
