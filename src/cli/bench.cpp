@@ -13,12 +13,15 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -161,8 +164,10 @@ RequestResult run_request(const BenchArgs& a, const Target& target, const json& 
     }
     const json& choices = chunk.value("choices", json::array());
     for (const json& c : choices) {
-      const std::string text = c.is_object() && c.contains("text") && c["text"].is_string() ? c["text"].get<std::string>() : "";
-      if (text.empty()) continue;
+      // A chunk carrying text is a token event; so is an empty one that ends nothing (a server
+      // whose model has no tokenizer sends those).
+      if (!c.is_object() || !c.contains("text") || !c["text"].is_string()) continue;
+      if (c["text"].get_ref<const std::string&>().empty() && !c.value("finish_reason", json()).is_null()) continue;
       const auto now = clock::now();
       if (first) {
         r.ttft = std::chrono::duration<double>(now - start).count();
@@ -203,6 +208,32 @@ RequestResult run_request(const BenchArgs& a, const Target& target, const json& 
   }
   r.ok = r.error.empty();
   return r;
+}
+
+// The server's running batch, sampled from its Prometheus /metrics (spin's or vLLM's gauge) every
+// 200 ms until `stop`; empty when the server has neither.
+std::vector<double> sample_running_batch(const BenchArgs& a, const Target& target, const std::atomic<bool>& stop) {
+  std::vector<double> samples;
+  httplib::Client client(target.scheme_host_port);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(2);
+  while (!stop) {
+    if (auto res = client.Get(target.path_prefix + "/metrics", auth_headers(a)); res && res->status == 200) {
+      std::istringstream lines(res->body);
+      for (std::string line; std::getline(lines, line);) {
+        if (!line.starts_with("spin_num_requests_running") && !line.starts_with("vllm:num_requests_running")) continue;
+        const char* value = line.c_str() + line.rfind(' ') + 1;
+        char* end = nullptr;
+        const double v = std::strtod(value, &end);
+        if (end != value) samples.push_back(v);
+        break;
+      }
+    } else if (samples.empty()) {
+      return samples;  // no /metrics: nothing to sample
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return samples;
 }
 
 double percentile(std::vector<double> v, double p) {
@@ -273,6 +304,9 @@ json run_at_rate(const BenchArgs& a, const Target& target, const std::string& mo
   std::atomic<int64_t> finished{0};
   std::vector<std::thread> threads;
   threads.reserve(workload.size());
+  std::atomic<bool> stop_sampling{false};
+  std::vector<double> running;
+  std::thread sampler([&] { running = sample_running_batch(a, target, stop_sampling); });
   const auto start = clock::now();
   auto next_arrival = start;
   for (size_t i = 0; i < workload.size(); ++i) {
@@ -313,6 +347,8 @@ json run_at_rate(const BenchArgs& a, const Target& target, const std::string& mo
   const double arrival_span = std::chrono::duration<double>(clock::now() - start).count();
   for (std::thread& t : threads) t.join();
   const double duration = std::chrono::duration<double>(clock::now() - start).count();
+  stop_sampling = true;
+  sampler.join();
 
   std::vector<double> ttft, tpot, itl, e2el;
   int64_t completed = 0, input_tokens = 0, output_tokens = 0, good = 0;
@@ -355,6 +391,11 @@ json run_at_rate(const BenchArgs& a, const Target& target, const std::string& mo
            {"tpot_ms", summary_ms(tpot)},
            {"itl_ms", summary_ms(itl)},
            {"e2el_ms", summary_ms(e2el)}};
+  if (!running.empty()) {
+    // Over the whole run, idle gaps between arrivals included.
+    out["mean_running_batch"] = std::accumulate(running.begin(), running.end(), 0.0) / static_cast<double>(running.size());
+    out["max_running_batch"] = *std::max_element(running.begin(), running.end());
+  }
   if (!slo.limits_ms.empty()) {
     out["goodput_slo_ms"] = slo.limits_ms;
     out["goodput"] = good / duration;
@@ -378,6 +419,10 @@ void print_run(const json& r) {
   line("ITL", r["itl_ms"]);
   line("E2E", r["e2el_ms"]);
   if (r.contains("goodput")) std::printf("  goodput %.3f req/s\n", r["goodput"].get<double>());
+  if (r.contains("mean_running_batch")) {
+    std::printf("  running batch mean %.2f, max %.0f\n", r["mean_running_batch"].get<double>(),
+                r["max_running_batch"].get<double>());
+  }
   for (const json& e : r["errors"]) std::printf("  error: %s\n", e.get<std::string>().c_str());
   std::fflush(stdout);
 }

@@ -162,7 +162,10 @@ struct StreamResponse {
       }
       auto& [i, out] = *item;
       choices->completion_tokens[i] = out.completion_tokens;
-      if (!out.text.empty() || (with_logprobs && !out.logprobs.empty())) {
+      // A model without a tokenizer has no text: each step's tokens still get a chunk (empty text),
+      // so a client sees them arrive.
+      if (!out.text.empty() || (with_logprobs && !out.logprobs.empty()) ||
+          (tokenizer == nullptr && !out.token_ids.empty() && !out.stop_token)) {
         const json logprobs =
             with_logprobs ? logprobs_json(ep, tokenizer, out.logprobs, choices->text_bytes[i]) : json();
         choices->text_bytes[i] += static_cast<int64_t>(out.text.size());

@@ -53,6 +53,8 @@ def test_bench_counts_latencies_and_server_counters(spin_bin, test_model, test_t
             assert abs(r["output_throughput"] - r["total_output_tokens"] / r["duration_s"]) < 1e-6 * r["output_throughput"]
             # SLOs of 10 minutes: every request is good.
             assert r["good_requests"] == NUM_PROMPTS
+            # Sampled from /metrics: never above the concurrency limit, and some request was seen.
+            assert 0 < r["max_running_batch"] <= 4 and 0 <= r["mean_running_batch"] <= r["max_running_batch"]
         assert "request rate" in proc.stdout and "TTFT" in proc.stdout
         prompt1, gen1 = token_counters(server)
         assert prompt1 - prompt0 == sum(r["total_input_tokens"] for r in doc["runs"])
@@ -69,6 +71,26 @@ def test_bench_counts_latencies_and_server_counters(spin_bin, test_model, test_t
         assert prompt2 - prompt1 == r["total_input_tokens"]
         assert gen2 - gen1 == r["total_output_tokens"]
         assert 12 * NUM_PROMPTS <= r["total_input_tokens"] <= 36 * NUM_PROMPTS
+    finally:
+        assert server.stop() == 0
+
+
+def test_bench_times_a_model_without_tokenizer(spin_bin, test_tmp, run_spin):
+    # A dummy model has no tokenizer, so its stream carries no text: each step still sends a chunk
+    # (empty text), which bench times as a token. The dummy-weights GPU runs rely on this.
+    server = Server(spin_bin, "tiny-llama", test_tmp / "server_bench_dummy.log", "--load-format", "dummy",
+                    "--max-num-seqs", 4)
+    try:
+        out = test_tmp / "bench_dummy.json"
+        run_spin("bench", "--base-url", f"http://127.0.0.1:{server.port}/v1", "--num-prompts", 4,
+                 "--input-len", 8, "--output-len", 5, "--range-ratio", 0, "--token-ids", "3:200",
+                 "--json-out", out, timeout=120)
+        r = json.loads(out.read_text())["runs"][0]
+        assert r["completed"] == 4 and r["failed"] == 0, r["errors"]
+        assert r["total_output_tokens"] == 4 * 5
+        check_summary("ttft", r["ttft_ms"], 4)
+        check_summary("tpot", r["tpot_ms"], 4)
+        assert r["itl_ms"]["count"] == 4 * (5 - 1)  # one chunk per token after the first
     finally:
         assert server.stop() == 0
 
