@@ -144,6 +144,10 @@ void Engine::check_request(std::span<const int32_t> prompt, const RequestParams&
              n_prompt, params.max_tokens, n_prompt + params.max_tokens, context);
   params.sampling.validate();
   factory_->validate(params.attention);
+  SPIN_CHECK(!factory_->single_token_is_decode(params.attention) || config_.max_num_batched_tokens >= 3,
+             "attention '{}' prefills in chunks of 2 or more tokens that never leave the prompt's last token "
+             "alone, which needs --max-num-batched-tokens >= 3 (it is {})",
+             params.attention.algorithm, config_.max_num_batched_tokens);
   // The request must fit the stores alone at its largest (prefill after a preemption, and decode).
   const int64_t max_len = n_prompt + params.max_tokens;
   for (bool decoding : {false, true}) {
@@ -286,6 +290,22 @@ void Engine::resize_buffer(Request& r, int64_t pages) {
   }
   r.buffer_pages = pages;
   if (r.kv) factory_->set_buffer_pages(*r.kv, pages);
+}
+
+int64_t Engine::chunk_tokens(const Request& r, int64_t budget) const {
+  if (!factory_->single_token_is_decode(r.params.attention)) {
+    return std::min(static_cast<int64_t>(r.tokens.size()) - r.computed, budget);
+  }
+  // Paged sparse attention runs a single token as a decode step (sparse) and longer chunks as a
+  // prefill (dense). So that neither chunking nor a recompute changes the output, the prompt is
+  // prefilled in chunks of 2+ tokens and never leaves its last token alone, and every token after
+  // it runs alone, as it did when it was sampled (after a recompute: fed back, not sampled again).
+  if (r.computed >= r.n_prompt) return std::min<int64_t>(1, budget);
+  const int64_t remaining = r.n_prompt - r.computed;
+  int64_t n = std::min(remaining, budget);
+  if (remaining - n == 1) --n;
+  if (n == 1 && r.computed > 0) n = 0;
+  return n;
 }
 
 // What reserve_kv(r, tokens, decoding) lacks, per component (0 where it fits).
@@ -486,16 +506,15 @@ StepReport Engine::step() {
   std::vector<std::pair<Request*, int64_t>> scheduled;
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<Request*> order = running_;
-  std::stable_partition(order.begin(), order.end(), [](const Request* r) {
-    return static_cast<int64_t>(r->tokens.size()) - r->computed == 1;
+  std::stable_partition(order.begin(), order.end(), [this](const Request* r) {
+    return static_cast<int64_t>(r->tokens.size()) - r->computed == 1 ||
+           (r->computed >= r->n_prompt && factory_->single_token_is_decode(r->params.attention));
   });
   for (Request* r : order) {
     if (budget == 0) break;
     if (std::find(running_.begin(), running_.end(), r) == running_.end()) continue;  // preempted
-    const int64_t remaining = static_cast<int64_t>(r->tokens.size()) - r->computed;
-    const int64_t n = std::min<int64_t>(remaining, budget);
-    // A lone token would end a paged prefill early: wait for a step with room for more.
-    if (n == 1 && remaining > 1 && r->computed > 0 && factory_->single_token_is_decode(r->params.attention)) continue;
+    const int64_t n = chunk_tokens(*r, budget);
+    if (n == 0) continue;
     const bool decoding = n == 1 && r->computed > 0;
     bool preempted_self = false;
     while (!reserve_kv(*r, r->computed + n, decoding)) {
@@ -527,16 +546,25 @@ StepReport Engine::step() {
 
   // 2. Admit waiting requests strictly in arrival order (no overtaking, so none starves), unless
   //    this step had to preempt: memory is short, admitting now would only thrash.
-  //    Running requests' buffers shrink to make room; a request that does not fit even so waits,
-  //    and the buffers do not grow into the pages it waits for. A swapped-out request resumes
-  //    with its next decode token.
+  //    A new request is admitted only when its whole prompt fits now, not just this step's chunk:
+  //    a prefill that cannot finish is preempted by the running requests' growth and computed
+  //    again, over and over. Running requests' buffers shrink to make room; a request that does
+  //    not fit even so waits, and the buffers do not grow into the pages it waits for. A
+  //    swapped-out request resumes with its next decode token.
   bool kv_blocked = false;
   while (report.preempted == 0 && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(r->tokens.size()) - r->computed, budget);
+    const auto prompt = static_cast<int64_t>(r->tokens.size());
+    const int64_t n = chunk_tokens(*r, budget);
+    if (n == 0) break;
     const bool resume = r->swapped;
     const int64_t tokens = r->computed + n;
+    const auto prompt_fits = [&] { return shortfall(*r, prompt, false) == KvDemand{}; };
+    if (!resume && !prompt_fits() && !(make_room(*r, prompt, false) && prompt_fits())) {
+      kv_blocked = true;
+      break;
+    }
     if (!reserve_kv(*r, tokens, resume) && !(make_room(*r, tokens, resume) && reserve_kv(*r, tokens, resume))) {
       kv_blocked = true;
       break;

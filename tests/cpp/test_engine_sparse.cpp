@@ -371,7 +371,7 @@ std::unique_ptr<Engine> paged_engine(int64_t max_num_seqs, int64_t context, int6
 TEST(EngineSparse, SwapPreemptionResumesWithoutRecompute) {
   const AttentionShape shape = tiny().model.attention_shape();
   const int64_t streams = shape.n_layers * shape.n_kv_heads;
-  constexpr int64_t kContext = 384, kTokens = 96;
+  constexpr int64_t kContext = 384, kTokens = 128;
   // A budget of half the context: working sets grow as requests decode, and prefill
   // chunks grow too, so the small device tier keeps preempting decoding requests. The host tier
   // has room for every request, so each of those is swapped out and resumes from its host KV.
@@ -390,11 +390,13 @@ TEST(EngineSparse, SwapPreemptionResumesWithoutRecompute) {
   }
   run_to_end(*engine);
   const EngineMetrics m = engine->metrics();
-  // Decoding victims are swapped out; one still in its prefill has no host KV and is recomputed.
+  // Decoding victims are swapped out; one that has not decoded yet has no host KV and is
+  // recomputed: its prompt prefilled again, then the tokens it sampled fed back one per step.
   EXPECT_GT(m.preemptions_swap, 0u);
-  // A sparse request recomputed after decoding would prefill densely the tokens it decoded
-  // sparsely, and its KV (so its output) would change: equal outputs show each swapped request
-  // resumed from its own KV. The reference: each request alone, never preempted.
+  EXPECT_GT(m.preemptions_recompute, 0u);
+  // A sparse request that prefilled the tokens it had decoded sparsely (a recompute done as one
+  // prefill), or that resumed from KV other than its own, would change its output. The
+  // reference: each request alone, never preempted.
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::unique_ptr<Engine> alone = paged_engine(1, kContext, 4000, 4000);
     Collector reference;
@@ -406,6 +408,37 @@ TEST(EngineSparse, SwapPreemptionResumesWithoutRecompute) {
   }
   EXPECT_EQ(m.kv_store->retrieve_bytes, m.kv_store->misses * static_cast<uint64_t>(m.kv_store->page_bytes));
   expect_idle(*engine, idle);
+}
+
+TEST(EngineSparse, ChunkingOfThePromptDoesNotChangeOutputs) {
+  // Quest at a small budget: its prefill is dense and its decode steps sparse, so a prompt whose
+  // last token ran alone (as a decode step) would give other outputs. Prompts of 49 and 97 tokens
+  // against chunks of 48 leave exactly one token; the reference: one chunk for each prompt.
+  std::mt19937 rng(57);
+  const std::vector<std::vector<int32_t>> prompts{random_prompt(rng, 49), random_prompt(rng, 97),
+                                                  random_prompt(rng, 96)};
+  const AttentionSettings attention = quest(32);
+  auto outputs = [&](int64_t chunk) {
+    EngineConfig config = engine_config(4);
+    config.max_num_batched_tokens = chunk;
+    const AttentionShape shape = tiny().model.attention_shape();
+    Engine engine(tiny().model, nullptr, config, make_paged_attention_factory(shape, store(4000, 4000, 4)));
+    Collector c;
+    std::vector<uint64_t> ids;
+    for (const auto& prompt : prompts) ids.push_back(engine.add_request(prompt, greedy(24, attention), c.callback()));
+    run_to_end(engine);
+    std::vector<std::vector<int32_t>> out;
+    for (uint64_t id : ids) out.push_back(c.ids[id]);
+    return out;
+  };
+  const auto whole = outputs(4096);
+  for (int64_t chunk : {48, 3, 4}) {
+    const auto chunked = outputs(chunk);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(chunked[i].size(), 24u);
+      EXPECT_EQ(chunked[i], whole[i]) << "prompt " << i << ", chunks of " << chunk;
+    }
+  }
 }
 
 TEST(EngineSparse, RecomputeWhenTheHostTierIsFull) {
@@ -476,6 +509,16 @@ TEST(EngineSparse, RequestsThatCannotWorkAreRefusedUpFront) {
   run_to_end(engine);
   EXPECT_EQ(c.finish[id], "length");
   EXPECT_EQ(c.ids[id].size(), 8u);
+  // Steps of 2 tokens cannot end a 3-token prompt without a lone last token.
+  EngineConfig tiny_steps = engine_config(4);
+  tiny_steps.max_num_batched_tokens = 2;
+  Engine small(tiny().model, nullptr, tiny_steps, make_paged_attention_factory(shape, store(4000, 4000, 4)));
+  try {
+    small.add_request(random_prompt(rng, 3), greedy(4, quest(32)), c.callback());
+    FAIL() << "a sparse request with 2-token steps was accepted";
+  } catch (const InvalidRequest& e) {
+    EXPECT_NE(std::string(e.what()).find("--max-num-batched-tokens >= 3"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
