@@ -201,6 +201,7 @@ class CudaKvStore final : public DeviceAttention {
   DeviceBuffer<float> scores_;
   DeviceBuffer<unsigned long long> counters_;  // per decode row: hits, misses, evictions (summed ever)
   DeviceBuffer<int> cache_error_;
+  PinnedBuffer<int> cache_error_seen_;  // cache_error_ as of the end of the last sparse step
 
   PinnedBuffer<int32_t> tables_host_;
   DeviceBuffer<int32_t> tables_;
@@ -397,6 +398,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     cuda_check(cudaMemset(counters_.get(), 0, counters_.bytes()), "KV cache counters clear");
     cache_error_.reserve(1, "KV cache error flag");
     cuda_check(cudaMemset(cache_error_.get(), 0, cache_error_.bytes()), "KV cache error flag clear");
+    cache_error_seen_.reserve(1);
+    cache_error_seen_[0] = 0;
     cuda_check(cudaDeviceSynchronize(), "KV cache clear");
   }
   epoch_ = new_buffers_epoch();
@@ -564,6 +567,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
   // The previous step's tables may still be on their way to the device.
   cuda_check(cudaEventSynchronize(upload_done_), "KV table upload");
+  // The previous step has ended (its logits reached the host). A selection that did not fit its
+  // cache slots was left out of its attention: stop rather than go on with wrong outputs.
+  SPIN_CHECK(!has_host_tier() || cache_error_seen_[0] == 0,
+             "KV cache: a selection outgrew its cache slots in an earlier step, whose attention is wrong (a bug "
+             "in the store's bounds)");
   const int64_t heads = shape_.n_kv_heads;
   const int64_t ps = page_size_;
   const auto chunks_for = [](int64_t pages) {
@@ -1006,7 +1014,6 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
   bf16* pool = pool_.get() + layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
   const int head_dim = static_cast<int>(shape_.head_dim);
-  const int rows = static_cast<int>(step_.rows);
   cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, dense_layer ? step_.low_page_of : step_.page_of,
                                        step_.slot_of, step_.rows, heads, head_dim, static_cast<int>(page_size_), pool,
                                        stream),
@@ -1084,6 +1091,11 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       cache.counters = counters_.get();
       cache.error = cache_error_.get();
       cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
+      if (layer == shape_.n_layers - 1) {
+        cuda_check(cudaMemcpyAsync(cache_error_seen_.get(), cache_error_.get(), sizeof(int), cudaMemcpyDeviceToHost,
+                                   stream),
+                   "KV cache error flag");
+      }
     }
     cuda::PagedDecodeParams p = decode_params(step_.decode_rows, step_.context_bucket);
     p.kv_pool = pool;
@@ -1114,7 +1126,6 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     cuda_check(cuda::paged_prefill_attention(p, out + step_.decode_rows * q_width_, stream),
                "paged prefill attention");
   }
-  (void)rows;
 }
 
 CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape, const CudaPagedKvConfig& config)
@@ -1188,6 +1199,18 @@ void CudaPagedAttentionFactory::append_uncomputed(SequenceKv& kv, int64_t tokens
 }
 
 void CudaPagedAttentionFactory::randomize_device_pages(uint64_t seed) { store_->randomize_device_pages(seed); }
+
+int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& settings, int64_t tokens) const {
+  SPIN_CHECK(tokens > 0 && tokens <= UINT32_MAX, "decode_pages_read: {} tokens", tokens);
+  const int64_t all = store_->pages_for(tokens) * shape_.n_kv_heads;
+  if (settings.algorithm != kGpuSparseAlgorithm) return all * shape_.n_layers;
+  const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
+  const auto current = static_cast<uint32_t>((tokens - 1) / store_->page_size());
+  const sparse::DecodeWindow w = r.decode_window(current);
+  const int64_t selected = std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(tokens)), w.candidates());
+  const int64_t sparse_layer = (int64_t{w.sink_end} + selected + current + 1 - w.window_start) * shape_.n_kv_heads;
+  return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * sparse_layer;
+}
 
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
 

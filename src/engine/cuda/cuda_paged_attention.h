@@ -85,6 +85,10 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   void randomize_device_pages(uint64_t seed);
   int64_t pool_bytes() const;
   int64_t page_size() const;
+  // Benchmarks: device pages (one layer x KV head each) a decode step's attention reads for one
+  // sequence with `tokens` tokens in context, the new one included: every page in dense layers;
+  // sinks, selection and window in Quest's sparse ones.
+  int64_t decode_pages_read(const AttentionSettings& settings, int64_t tokens) const;
 
  private:
   AttentionShape shape_;
