@@ -204,6 +204,37 @@ TEST(EngineScheduler, PreemptionUnderATinyKvBudgetKeepsGreedyOutput) {
   EXPECT_EQ(engine.metrics().kv_tokens_used, 0);
 }
 
+TEST(EngineScheduler, AdmitsARequestOnlyWhenItsWholePromptFits) {
+  // 8 blocks of 16 tokens; prompts of 80 tokens in chunks of 16, 8 tokens out each: one request
+  // (6 blocks at its largest) fits at a time. Admitting the second by its first chunk would
+  // start a prefill that cannot finish: the first request's growth would preempt it, again and
+  // again. It waits instead, and nothing is preempted.
+  std::mt19937 rng(9);
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 16;
+  config.max_model_len = 128;
+  config.kv_token_budget = 128;
+  config.kv_block_tokens = 16;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(random_prompt(rng, 80));
+    ids.push_back(engine.add_request(prompts.back(), greedy(8), c.callback()));
+  }
+  const std::vector<StepReport> reports = run_to_end(engine, c);
+  EXPECT_EQ(engine.metrics().preemptions_total(), 0u);
+  // Never two requests' prefills in flight at once.
+  for (const StepReport& r : reports) {
+    int64_t prefilling = 0;
+    for (const ScheduledChunk& ch : r.chunks) prefilling += ch.n_tokens > 1;
+    EXPECT_LE(prefilling, 1);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 8)) << "request " << i;
+}
+
 TEST(EngineScheduler, AbortFreesKvAtOnce) {
   std::mt19937 rng(6);
   EngineConfig config;
