@@ -5,7 +5,8 @@
 # 10-minute call; a comparison table last. Sparse modes also get a pinned host tier of
 # SPIN_SERVE_HOST_RATIO x the device pool (the paper's ~2.5:1 host:HBM); dense keeps all its KV on
 # the device, so the cap is what limits its batch.
-# Env (defaults in brackets): SPIN_SERVE_MODES [dense quest], SPIN_SERVE_RATES [0.4 0.8 1.6],
+# Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; dense-offload also runs, slowly: a
+# separate call], SPIN_SERVE_RATES [0.4 0.8 1.6],
 # SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
 # SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode], SPIN_SERVE_DEVICE [cuda; cpu

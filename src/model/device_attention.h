@@ -22,6 +22,9 @@ namespace spin {
 struct DeviceStepLayout {
   int64_t context_bucket = 0;  // upper bound of the keys one query attends to (sizes split-K grids)
   uint64_t buffers_epoch = 0;  // changes whenever a device buffer the kernels use was reallocated
+  // Which of the store's optional kernels the step launches (a bit set the store defines): a
+  // graph captured for one set must not replay a step that needs another.
+  uint32_t kernel_set = 0;
   bool operator==(const DeviceStepLayout&) const = default;
 };
 

@@ -129,14 +129,118 @@ TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
   }
 }
 
+AttentionSettings dense_offload() {
+  AttentionSettings s;
+  s.algorithm = "dense-offload";
+  return s;
+}
+
+TEST_F(CudaSparseTest, DenseOffloadEqualsDenseWithItsKvInTheHostTier) {
+  // dense-offload attends to every page like dense, reading those between sinks and window from
+  // the host tier, so its tokens are dense's; while it decodes, the device holds only sinks,
+  // window and the first dense layers.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 35);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {310, 150, 263, 400});
+  const std::vector<int64_t> max_tokens{40, 36, 30, 44};
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+  KvStoreUsage usage;
+  const auto offload = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
+                                  std::vector<AttentionSettings>(prompts.size(), dense_offload()), &usage);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(offload[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(offload[i].tokens, dense[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(offload[i], dense[i]), 0.15) << "request " << i;
+  }
+  EXPECT_EQ(usage.host_pages_used, 0);
+  EXPECT_EQ(usage.device_pages_used, 0);
+  EXPECT_EQ(usage.misses, 0u) << "dense-offload reads the host tier in place: nothing is retrieved";
+
+  // Mid-run: every request decoding, its device pages far fewer than its KV.
+  EngineConfig config;
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 512;
+  config.max_model_len = kContext;
+  auto factory = sparse_factory(c, model, host);
+  const CudaPagedAttentionFactory* store = factory.get();
+  Engine engine(model, nullptr, config, std::move(factory));
+  RequestParams params;
+  params.max_tokens = 64;
+  params.ignore_eos = true;
+  params.attention = dense_offload();
+  int64_t prompt_pages = 0;
+  for (const auto& prompt : prompts) {
+    engine.add_request(prompt, params, [](const RequestOutput&) {});
+    prompt_pages += pages_for(c, kPage, static_cast<int64_t>(prompt.size()));
+  }
+  for (int i = 0; i < 12; ++i) engine.step();
+  ASSERT_EQ(engine.metrics().requests_running, 4);
+  const KvStoreUsage mid = store->usage().value();
+  EXPECT_GE(mid.host_pages_used, prompt_pages);
+  // Dense would hold every page in every layer. dense-offload's first 2 layers of 4 keep every page
+  // (half the KV), and its sinks and window groups span all 4 layers (a few pages per request).
+  EXPECT_LT(mid.device_pages_used, prompt_pages * 4 / 5) << "the device kept pages dense-offload reads from the host";
+  while (engine.has_work()) engine.step();
+}
+
+TEST_F(CudaSparseTest, GraphsOfDenseStepsAreNotReplayedForQuestSteps) {
+  // One request at a time on one store and model: a dense request decodes alone (its steps are
+  // captured as CUDA graphs), then a Quest request of the same length decodes alone, with the same
+  // batch size and context bucket. Replaying the dense graph would skip Quest's write-through and
+  // pipeline; its tokens must be those it gets alone.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 36);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {200, 200});
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const std::vector<AttentionSettings> settings{AttentionSettings{}, quest(48)};
+  // The references first, each alone on its own store, after a run that leaves the model's
+  // buffers at their size for these steps.
+  run_engine(model, sparse_factory(c, model, host), prompts, {40, 40}, nullptr, settings);
+  std::vector<EngineRun> alone;
+  for (size_t i = 0; i < 2; ++i) {
+    alone.push_back(run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {40}, nullptr, {settings[i]})[0]);
+  }
+  EngineConfig config;  // run_engine's, one request at a time: each is scheduled as when alone
+  config.max_num_seqs = 1;
+  config.max_num_batched_tokens = 48;
+  config.max_model_len = kContext;
+  Engine engine(model, nullptr, config, sparse_factory(c, model, host));
+  std::vector<EngineRun> runs(2);
+  for (size_t i = 0; i < 2; ++i) {
+    RequestParams params;  // as run_engine's
+    params.max_tokens = 40;
+    params.sampling.temperature = 0.0f;
+    params.ignore_eos = true;
+    params.top_logprobs = 5;
+    params.attention = settings[i];
+    engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
+      runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    });
+  }
+  const int64_t replays = model.stats().graph_replays;
+  while (engine.has_work()) engine.step();
+  EXPECT_GT(model.stats().graph_replays, replays);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(runs[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(runs[i], alone[i]), 0.15) << "request " << i;
+  }
+}
+
 TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   const ModelConfig c = four_layer_config();
   CudaModel model(bf16_weights(c, 34), CudaModelOptions{});
   auto no_host = sparse_factory(c, model, 0);
   EXPECT_EQ(no_host->algorithms(), std::vector<std::string>{"dense"});
   EXPECT_THROW(no_host->validate(quest(64)), Error);
+  EXPECT_THROW(no_host->validate(dense_offload()), Error);
   auto factory = sparse_factory(c, model, pages_for(c, kPage, 4 * kContext));
   EXPECT_NO_THROW(factory->validate(quest(64)));
+  EXPECT_NO_THROW(factory->validate(dense_offload()));
+  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest"}));
   AttentionSettings other_dense_layers = quest(64);
   other_dense_layers.first_dense_layers = 0;
   EXPECT_THROW(factory->validate(other_dense_layers), Error);

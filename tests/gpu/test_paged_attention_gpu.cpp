@@ -127,9 +127,26 @@ class GpuPagedAttention : public GpuTest {
     DeviceBuffer<char> ws(ws_bytes);
     ASSERT_TRUE(ws.ptr);
 
+    // With host_pages: the same pool also in mapped pinned host memory, and a random half of the
+    // list entries naming their page there (~id); the output must not change by a bit.
+    void* host_pool = nullptr;
+    DeviceBuffer<int32_t> d_host_ids(ids.size());
+    if (host_pages) {
+      CUDA_OK(cudaHostAlloc(&host_pool, pool.size() * 2, cudaHostAllocMapped));
+      std::memcpy(host_pool, pool.data(), pool.size() * 2);
+      void* mapped = nullptr;
+      CUDA_OK(cudaHostGetDevicePointer(&mapped, host_pool, 0));
+      std::vector<int32_t> host_ids = ids;
+      std::bernoulli_distribution on_host(0.5);
+      for (int32_t& id : host_ids) id = on_host(rng) ? ~id : id;
+      CUDA_OK(cudaMemcpy(d_host_ids.ptr, host_ids.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
+      p.host_pool = reinterpret_cast<const __nv_bfloat16*>(mapped);
+    }
+
     // Every load path (see PagedDecodeParams::load_path).
     for (int path = 0; path <= 2; ++path) {
       p.load_path = path;
+      p.page_ids = d_ids.ptr;
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
       if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));
       CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
@@ -137,6 +154,16 @@ class GpuPagedAttention : public GpuTest {
 
       std::vector<OutT> out(q.size());
       CUDA_OK(cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+      if (host_pages) {
+        p.page_ids = d_host_ids.ptr;
+        CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));
+        CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        std::vector<OutT> from_host(q.size());
+        CUDA_OK(cudaMemcpy(from_host.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(std::memcmp(from_host.data(), out.data(), out.size() * sizeof(OutT)), 0)
+            << "load path " << path << ": pages read from the host pool changed the output";
+      }
       double num = 0.0, den = 0.0;
       size_t non_finite = 0;
       for (size_t k = 0; k < out.size(); ++k) {
@@ -159,7 +186,10 @@ class GpuPagedAttention : public GpuTest {
                                 << ps << " split " << s.tokens_per_split << " splits "
                                 << cuda::paged_decode_splits(p);
     }
+    if (host_pool) CUDA_OK(cudaFreeHost(host_pool));
   }
+
+  bool host_pages = false;
 
   std::vector<int> random_lengths(int items, int max_len) {
     std::uniform_int_distribution<int> len(1, max_len);
@@ -193,6 +223,16 @@ TEST_F(GpuPagedAttention, SplitKMergeMatchesReference) {
     Shape s{2, 2, 5, 128, 16, random_lengths(4, 3000), tps, 1.0f};
     run<__nv_bfloat16>(s, 1e-2);
     Shape s64{1, 8, 4, 64, 32, random_lengths(8, 2000), tps, 1.0f};
+    run<float>(s64, 1e-2);
+  }
+}
+
+TEST_F(GpuPagedAttention, PagesInMappedHostMemoryReadTheSame) {
+  host_pages = true;
+  for (int tps : {0, 128}) {
+    Shape s{2, 4, 5, 128, 16, random_lengths(8, 1500), tps, 1.0f};
+    run<__nv_bfloat16>(s, 1e-2);
+    Shape s64{2, 2, 8, 64, 32, random_lengths(4, 900), tps, 1.0f};
     run<float>(s64, 1e-2);
   }
 }

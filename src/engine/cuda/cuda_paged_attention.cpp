@@ -37,6 +37,12 @@ constexpr int64_t kMaxGroup = 8;
 constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
 // The sparse algorithm the GPU runs (its Index, Select and defaults: sparse/quest.cpp).
 constexpr const char* kGpuSparseAlgorithm = "quest";
+// Every page attended, those outside sinks and window read from the host tier at each step.
+constexpr const char* kGpuOffloadAlgorithm = "dense-offload";
+
+bool uses_host_tier(const AttentionSettings& s) {
+  return s.algorithm == kGpuSparseAlgorithm || s.algorithm == kGpuOffloadAlgorithm;
+}
 
 int64_t context_bucket(int64_t tokens) {
   int64_t bucket = kMinContextBucket;
@@ -56,9 +62,13 @@ struct PoolSizes {
   sparse::AlgorithmTraits sparse_traits;  // the GPU's sparse algorithm's published defaults
 };
 
-// What a sparse (Quest) sequence holds besides its device page groups.
+// What a sequence that decodes from the host tier (quest, dense-offload) holds besides its device
+// page groups.
 struct SparseKv {
   sparse::ResolvedSettings settings;
+  // dense-offload: no selection, summaries or cache; attention reads the pages between sinks and
+  // window straight from the host tier (zero-copy).
+  bool offload = false;
   int64_t cache_slots = 0;       // per (layer, KV head)
   std::vector<uint32_t> low;     // per logical page: its group in the first dense layers
   std::vector<uint32_t> host;    // per logical page: its host-tier group
@@ -423,7 +433,12 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
              settings.algorithm);
   kv::KvConfig store;
   store.layout = store_layout(shape_, page_size_);
-  sparse::ResolvedSettings r = sparse::resolve_settings(to_sparse_settings(settings), sparse_traits_, shape_, store);
+  // dense-offload keeps the same sinks, window and first dense layers (the pool's layout); its
+  // budget is unused.
+  sparse::SparseSettings s = to_sparse_settings(settings);
+  s.algorithm = kGpuSparseAlgorithm;
+  sparse::ResolvedSettings r = sparse::resolve_settings(s, sparse_traits_, shape_, store);
+  r.algorithm = settings.algorithm;
   SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
              "on the CUDA backend {} runs with its {} first dense layers, not {}", settings.algorithm, dense_layers_,
              r.first_dense_layers);
@@ -431,6 +446,7 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
 }
 
 int64_t CudaKvStore::cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
+  if (r.algorithm == kGpuOffloadAlgorithm) return 0;
   const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX)));
   SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
              "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
@@ -448,7 +464,7 @@ void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
 }
 
 void CudaKvStore::grow_prefill(std::vector<uint32_t>& groups, SparseKv& sp, int64_t pages) {
-  const int64_t chunks = (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+  const int64_t chunks = sp.offload ? 0 : (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
   const auto missing = [pages](const std::vector<uint32_t>& v) {
     return static_cast<uint64_t>(std::max<int64_t>(0, pages - static_cast<int64_t>(v.size())));
   };
@@ -539,7 +555,7 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
-  for (int64_t p = 0; p < pos / page_size_; ++p) {
+  for (int64_t p = 0; p < (sp.offload ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
       index_src.push_back(page_id(groups[static_cast<size_t>(p)], h));
       index_dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
@@ -620,7 +636,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       continue;
     }
     sparse_rows = true;
-    need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
+    if (!sp->offload) {
+      need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
+    }
     if (!is_decode(*kv, *sp, n)) {
       SPIN_CHECK(chunk.pos0 == kv->length(), "attention step: sparse KV cannot rewrite position {}", chunk.pos0);
       need_main += std::max<int64_t>(0, pages_for(end) - held);
@@ -633,11 +651,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     const int64_t cur = chunk.pos0 / ps;
     const bool new_page = chunk.pos0 % ps == 0;
     const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(cur));
-    plans[i] = {w, std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.candidates())};
+    plans[i] = {w, sp->offload ? 0 : std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.candidates())};
     if (!sp->decoding) {
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
-      need_main += sp->cache_slots - (held - kept) + (new_page ? 1 : 0);
+      // Another sequence's allocation may come before this one's pages are freed.
+      need_main += std::max<int64_t>(0, sp->cache_slots - (held - kept)) + (new_page ? 1 : 0);
     } else if (new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =
@@ -677,7 +696,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       grow_prefill(kv.groups(), *sp, pages_for(end));
       continue;
     }
-    {
+    if (!sp->offload) {
       std::lock_guard lock(mutex_);
       while (static_cast<int64_t>(sp->chunks.size()) < chunks_for(pages_for(end))) sp->chunks.push_back(chunk_pool_.alloc());
     }
@@ -755,7 +774,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       continue;
     }
     const auto& [w, k] = plans[static_cast<size_t>(i)];
-    decode_entries += heads * (int64_t{w.sink_end} + k + chunk.pos0 / ps + 1 - w.window_start);
+    decode_entries += heads * (sp->offload ? chunk.pos0 / ps + 1 : int64_t{w.sink_end} + k + chunk.pos0 / ps + 1 - w.window_start);
     needed_entries += heads * k;
     dir_entries += static_cast<int64_t>(sp->chunks.size());
     host_entries += static_cast<int64_t>(sp->host.size());
@@ -880,12 +899,17 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         } else {
           for (int64_t j = 0; j < int64_t{w.sink_end}; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_out_offsets + item] = static_cast<int32_t>(decode_at + len);
+          if (sp->offload) {  // every page between sinks and window, read from the host tier
+            for (int64_t j = w.sink_end; j < int64_t{w.window_start}; ++j) {
+              list[len++] = ~page_id(sp->host[static_cast<size_t>(j)], h);
+            }
+          }
           for (int64_t j = 0; j < k; ++j) list[len++] = -1;  // the selected pages' slots (retrieve)
           for (int64_t j = w.window_start; j <= cur; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_decode_tokens + item] = static_cast<int32_t>((len - 1) * ps + chunk.pos0 % ps + 1);
           t[at_counts + item] = static_cast<int32_t>(k);
           needed_at += k;
-          if ((chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
+          if (!sp->offload && (chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
             t[at_index_src + item] = page_id(groups[static_cast<size_t>(cur)], h);
             t[at_index_dst + item] =
                 summary_entry(sp->chunks[static_cast<size_t>(cur / cuda::kSummaryChunkPages)], h, cur);
@@ -895,12 +919,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
       }
       t[at_first + i] = static_cast<int32_t>(w.sink_end);
-      t[at_end + i] = static_cast<int32_t>(w.window_start);
+      // dense-offload scores no candidates (it has no summaries).
+      t[at_end + i] = static_cast<int32_t>(sp != nullptr && sp->offload ? w.sink_end : w.window_start);
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
       t[at_now + i] = static_cast<int32_t>(sp ? sp->now : 0);
       if (sp != nullptr) {
-        sparse_decode = true;
+        sparse_decode |= !sp->offload;
         for (uint32_t c : sp->chunks) t[at_summary_dir + dir_at++] = static_cast<int32_t>(c);
         for (uint32_t g : sp->host) t[at_host_groups + host_at++] = static_cast<int32_t>(g);
         for (uint32_t g : sp->cache) t[at_cache_groups + cache_at++] = static_cast<int32_t>(g);
@@ -1001,7 +1026,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
     }
   }
-  return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_};
+  // Graphs differ by whether the host-tier write-through and the Quest pipeline run.
+  return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,
+                          (sparse_rows ? 1u : 0u) | (sparse_decode ? 2u : 0u)};
 }
 
 void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
@@ -1099,6 +1126,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     }
     cuda::PagedDecodeParams p = decode_params(step_.decode_rows, step_.context_bucket);
     p.kv_pool = pool;
+    if (has_host_tier()) p.host_pool = host_device_ + host_layer_offset(layer);  // dense-offload's pages
     if (dense_layer) {
       p.page_ids = step_.low_decode_pages;
       p.list_offsets = step_.low_decode_offsets;
@@ -1134,19 +1162,20 @@ CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape
 CudaPagedAttentionFactory::~CudaPagedAttentionFactory() = default;
 
 std::vector<std::string> CudaPagedAttentionFactory::algorithms() const {
-  if (store_->has_host_tier()) return {"dense", kGpuSparseAlgorithm};
+  if (store_->has_host_tier()) return {"dense", kGpuOffloadAlgorithm, kGpuSparseAlgorithm};
   return {"dense"};
 }
 
 void CudaPagedAttentionFactory::validate(const AttentionSettings& settings) const {
-  if (settings.algorithm == kGpuSparseAlgorithm) {
+  if (uses_host_tier(settings)) {
     store_->resolve_sparse(settings);
     return;
   }
   SPIN_CHECK(settings.algorithm == "dense",
              "attention algorithm '{}' is not available on the CUDA backend yet (available: dense{}; the others run "
              "with --device cpu)",
-             settings.algorithm, store_->has_host_tier() ? ", quest" : "; quest with --kv-host-pages");
+             settings.algorithm,
+             store_->has_host_tier() ? ", dense-offload, quest" : "; dense-offload and quest with --kv-host-pages");
   AttentionFactory::validate(settings);
 }
 
@@ -1155,9 +1184,10 @@ std::unique_ptr<SequenceKv> CudaPagedAttentionFactory::create(const AttentionSet
   SPIN_CHECK(max_tokens > 0 && max_tokens < std::numeric_limits<int32_t>::max(),
              "attention capacity must be in 1..2^31-1, got {}", max_tokens);
   std::unique_ptr<SparseKv> sparse;
-  if (settings.algorithm == kGpuSparseAlgorithm) {
+  if (uses_host_tier(settings)) {
     sparse = std::make_unique<SparseKv>();
     sparse->settings = store_->resolve_sparse(settings);
+    sparse->offload = settings.algorithm == kGpuOffloadAlgorithm;
     sparse->cache_slots = store_->cache_slots(sparse->settings, max_tokens);
   }
   return std::make_unique<CudaSequenceKv>(store_, max_tokens, std::move(sparse));
@@ -1166,7 +1196,7 @@ std::unique_ptr<SequenceKv> CudaPagedAttentionFactory::create(const AttentionSet
 KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens,
                                            bool decoding, int64_t) const {
   const int64_t pages = store_->pages_for(tokens);
-  if (settings.algorithm != kGpuSparseAlgorithm) return KvDemand{.device_pages = pages * store_->pages_per_group()};
+  if (!uses_host_tier(settings)) return KvDemand{.device_pages = pages * store_->pages_per_group()};
   const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
   const int64_t resident =
       decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->cache_slots(r, max_tokens)
@@ -1178,7 +1208,7 @@ KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, in
 KvDemand CudaPagedAttentionFactory::capacity() const { return store_->capacity(); }
 
 bool CudaPagedAttentionFactory::single_token_is_decode(const AttentionSettings& settings) const {
-  return settings.algorithm == kGpuSparseAlgorithm;
+  return uses_host_tier(settings);
 }
 
 std::optional<KvStoreUsage> CudaPagedAttentionFactory::usage() const { return store_->usage(); }
@@ -1203,11 +1233,13 @@ void CudaPagedAttentionFactory::randomize_device_pages(uint64_t seed) { store_->
 int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& settings, int64_t tokens) const {
   SPIN_CHECK(tokens > 0 && tokens <= UINT32_MAX, "decode_pages_read: {} tokens", tokens);
   const int64_t all = store_->pages_for(tokens) * shape_.n_kv_heads;
-  if (settings.algorithm != kGpuSparseAlgorithm) return all * shape_.n_layers;
+  if (!uses_host_tier(settings)) return all * shape_.n_layers;
   const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
   const auto current = static_cast<uint32_t>((tokens - 1) / store_->page_size());
   const sparse::DecodeWindow w = r.decode_window(current);
-  const int64_t selected = std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(tokens)), w.candidates());
+  const int64_t selected = settings.algorithm == kGpuOffloadAlgorithm
+                               ? 0
+                               : std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(tokens)), w.candidates());
   const int64_t sparse_layer = (int64_t{w.sink_end} + selected + current + 1 - w.window_start) * shape_.n_kv_heads;
   return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * sparse_layer;
 }

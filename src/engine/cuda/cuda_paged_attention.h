@@ -1,7 +1,9 @@
 #pragma once
 // Paged attention on the GPU: the KV store the CUDA model attends through and the AttentionFactory
-// the Engine gets per-request KV from (admitting and preempting by its pages). Two algorithms run
-// here: `dense` (every page on the device) and `quest` (sparse decode over a two-tier store).
+// the Engine gets per-request KV from (admitting and preempting by its pages). Three algorithms run
+// here: `dense` (every page on the device), `quest` (sparse decode over a two-tier store) and
+// `dense-offload` (every page attended, those between sinks and window read from the host tier by
+// the attention kernel itself, zero-copy, at each step: the offloading baseline).
 //
 // The pool is one device allocation of bf16 pages; a page holds page_size tokens of K and V for
 // ONE (layer, KV head), as on the CPU (kv/layout.h). Dense attention needs the same positions in
@@ -25,6 +27,9 @@
 // round trip: Index the page that just filled, score the candidate pages against the queries,
 // select the top pages per KV head, Retrieve them into the cache slots (bucketed LRU, zero-copy
 // gather of the misses from the host tier), then attend over sinks + selected + window.
+// dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
+// slots); its decode lists name the host-tier pages directly (negative ids, kernels/cuda/
+// paged_attention.h), and a step with only dense-offload rows runs no Quest kernels.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -86,8 +91,9 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   int64_t pool_bytes() const;
   int64_t page_size() const;
   // Benchmarks: device pages (one layer x KV head each) a decode step's attention reads for one
-  // sequence with `tokens` tokens in context, the new one included: every page in dense layers;
-  // sinks, selection and window in Quest's sparse ones.
+  // sequence with `tokens` tokens in context, the new one included: every page for dense and in
+  // the first dense layers; in the others, sinks, selection (Quest) and window. dense-offload
+  // reads the rest of its pages from the host tier.
   int64_t decode_pages_read(const AttentionSettings& settings, int64_t tokens) const;
 
  private:

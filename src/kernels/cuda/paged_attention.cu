@@ -109,6 +109,12 @@ enum class Copy {
 // The load path used unless PagedDecodeParams::load_path says otherwise.
 constexpr Copy kDefaultCopy = Copy::kWarp512;
 
+// First element of page `id`: in the device pool, or (id < 0) page ~id of the host pool.
+__device__ __forceinline__ const __nv_bfloat16* page_start(const PagedDecodeParams& p, int id, size_t page_elems) {
+  return id >= 0 ? p.kv_pool + static_cast<size_t>(id) * page_elems
+                 : p.host_pool + static_cast<size_t>(~id) * page_elems;
+}
+
 template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits, OutT* out,
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(kThreads)
       const __nv_bfloat16* kp = p.kv_pool;
       if (valid) {
         const int slot = tok % ps;
-        kp += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + slot * D + t4 * 8;
+        kp = page_start(p, rr == 0 ? pg.x : pg.y, page_elems) + slot * D + t4 * 8;
       }
 #pragma unroll
       for (int c = 0; c < D / 32; ++c) {
@@ -199,7 +205,7 @@ __global__ void __launch_bounds__(kThreads)
       const int group_first = tb + rr * 8;
       const __nv_bfloat16* src = p.kv_pool;
       if (group_first < t_end)
-        src += static_cast<size_t>(rr == 0 ? pg.x : pg.y) * page_elems + (group_first % ps) * D;
+        src = page_start(p, rr == 0 ? pg.x : pg.y, page_elems) + (group_first % ps) * D;
 #pragma unroll
       for (int blk = 0; blk < kPart / 512; ++blk) {
         const int off = blk * 512 + lane * 16;  // byte offset inside the part

@@ -13,6 +13,8 @@
 // possibly the last, which holds num_tokens[i] - (pages - 1) * page_size tokens. The caller
 // guarantees ceil(num_tokens[i] / page_size) == list length, num_tokens[i] <= max_tokens, and
 // page ids inside the pool (a kernel cannot report errors; the host checks what it can).
+// A negative id ~p names page p of host_pool instead: pinned host memory mapped into the device's
+// address space, read straight over the link (dense-offload attends to its host-tier pages so).
 // An item with 0 tokens writes zeros.
 //
 // GQA: query head qh = kv_head * group + j (j < group) attends to kv_head; each KV tile is loaded
@@ -34,6 +36,7 @@ namespace spin::cuda {
 struct PagedDecodeParams {
   const __nv_bfloat16* q = nullptr;        // [num_seqs][num_kv_heads * group][head_dim]
   const __nv_bfloat16* kv_pool = nullptr;  // physical pages, layout above
+  const __nv_bfloat16* host_pool = nullptr;  // pages named by negative ids (same layout); may be null
   const int32_t* page_ids = nullptr;       // concatenated page lists
   const int32_t* list_offsets = nullptr;   // [num_seqs * num_kv_heads + 1]
   const int32_t* num_tokens = nullptr;     // [num_seqs * num_kv_heads]
