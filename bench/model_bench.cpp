@@ -425,10 +425,10 @@ void run_cuda(const BenchArgs& a) {
                            static_cast<double>(batch * factory.decode_pages_read(settings, mid_context)) *
                                static_cast<double>(after.page_bytes);
         const double bound = hbm / bandwidth + retrieved / link_bandwidth;
-        std::printf("| %lld | %lld | %.1f | %.2f | %.3f | %.3f | %.2f | %.2f | %.0f%% |\n", static_cast<long long>(batch),
-                    static_cast<long long>(context), batch / step, step * 1e3,
-                    hits + misses > 0 ? hits / (hits + misses) : 0.0, retrieved / 1e9, hbm / 1e9, bound * 1e3,
-                    100.0 * bound / step);
+        const std::string hit_rate = hits + misses > 0 ? fmt::format("{:.3f}", hits / (hits + misses)) : "-";
+        std::printf("| %lld | %lld | %.1f | %.2f | %s | %.3f | %.2f | %.2f | %.0f%% |\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), batch / step, step * 1e3, hit_rate.c_str(), retrieved / 1e9,
+                    hbm / 1e9, bound * 1e3, 100.0 * bound / step);
         std::fflush(stdout);
         continue;
       }
