@@ -555,13 +555,17 @@ StepReport Engine::step() {
   while (report.preempted == 0 && budget > 0 && !waiting_.empty() &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Request* r = waiting_.front();
-    const auto prompt = static_cast<int64_t>(r->tokens.size());
     const int64_t n = chunk_tokens(*r, budget);
     if (n == 0) break;
     const bool resume = r->swapped;
     const int64_t tokens = r->computed + n;
-    const auto prompt_fits = [&] { return shortfall(*r, prompt, false) == KvDemand{}; };
-    if (!resume && !prompt_fits() && !(make_room(*r, prompt, false) && prompt_fits())) {
+    // Where the prefill ends: the prompt plus what a recomputed request had generated, except
+    // under paged sparse attention, which feeds those back as decode steps (chunk_tokens).
+    const int64_t prefill_end = factory_->single_token_is_decode(r->params.attention)
+                                    ? r->n_prompt
+                                    : static_cast<int64_t>(r->tokens.size());
+    const auto prompt_fits = [&] { return shortfall(*r, prefill_end, false) == KvDemand{}; };
+    if (!resume && !prompt_fits() && !(make_room(*r, prefill_end, false) && prompt_fits())) {
       kv_blocked = true;
       break;
     }
