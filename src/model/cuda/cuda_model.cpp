@@ -320,8 +320,9 @@ void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, 
                "step input upload");
     if (options_.ranks_ready) options_.ranks_ready();
     if (options_.cuda_graphs && decode_only && rows <= options_.max_graph_batch) {
-      run_graph(GraphKey{rows, attention, layout.context_bucket, layout.buffers_epoch, layout.kernel_set, buffers_epoch_}, *attention,
-                rows, logit_rows);
+      const GraphKey key{rows, attention, layout.context_bucket, layout.buffers_epoch, layout.kernel_set,
+                         buffers_epoch_};
+      run_graph(key, *attention, rows, logit_rows);
     } else {
       enqueue_forward(*attention, rows, logit_rows);
       ++stats_.eager_steps;

@@ -96,7 +96,8 @@ class CudaModel final : public ForwardModel {
   struct Layer {
     DeviceBuffer<__nv_bfloat16> attn_norm, wqkv, wo, q_norm, k_norm, ffn_norm, w_gate_up, w_down;
   };
-  // A captured decode step: batch rows, the attention store, its layout, this model's buffers.
+  // A captured decode step: batch rows, the attention store, its layout (context bucket, buffers,
+  // kernel set), this model's buffers.
   using GraphKey = std::tuple<int64_t, const DeviceAttention*, int64_t, uint64_t, uint32_t, uint64_t>;
 
   CudaModel(const ModelConfig& config, const CudaModelOptions& options, bool separate_lm_head);
