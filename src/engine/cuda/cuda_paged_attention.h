@@ -28,8 +28,9 @@
 // select the top pages per KV head, Retrieve them into the cache slots (bucketed LRU, zero-copy
 // gather of the misses from the host tier), then attend over sinks + selected + window.
 // dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
-// slots); its decode lists name the host-tier pages directly (negative ids, kernels/cuda/
-// paged_attention.h), and a step with only dense-offload rows runs no Quest kernels.
+// slots), so its first dense layers also stay on the device (the pool's layout); its decode lists
+// name the host-tier pages directly (negative ids, kernels/cuda/paged_attention.h), and a step
+// with only dense-offload rows runs no Quest kernels.
 #include <cstdint>
 #include <memory>
 #include <vector>
