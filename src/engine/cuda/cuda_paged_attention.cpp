@@ -50,6 +50,31 @@ int64_t context_bucket(int64_t tokens) {
   return bucket;
 }
 
+// Quest summary chunks covering `pages` logical pages.
+int64_t summary_chunks_for(int64_t pages) {
+  return (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+}
+
+// A host-tier sequence's decode step whose token goes to position `pos`: its window, the pages it
+// selects (Quest; dense-offload selects none) and the pages it attends to (sinks, then the
+// selection or, for dense-offload, every candidate, then the window through the current page).
+struct DecodePlan {
+  sparse::DecodeWindow window;
+  int64_t selected = 0;
+  int64_t attended = 0;
+};
+
+DecodePlan plan_decode(const sparse::ResolvedSettings& r, bool offload, int64_t pos) {
+  const auto current = static_cast<uint32_t>(pos / r.page_size);
+  DecodePlan plan{.window = r.decode_window(current)};
+  const sparse::DecodeWindow& w = plan.window;
+  plan.selected =
+      offload ? 0 : std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(pos + 1)), w.candidates());
+  plan.attended = int64_t{w.sink_end} + (offload ? int64_t{w.candidates()} : plan.selected) + current + 1 -
+                  w.window_start;
+  return plan;
+}
+
 }  // namespace
 
 class CudaSequenceKv;
@@ -77,6 +102,13 @@ struct SparseKv {
   bool decoding = false;         // the prefill ended: only sinks, window and cache stay on the device
   uint32_t now = 0;              // decode steps so far (the cache's LRU stamps)
 };
+
+namespace {
+
+// Summary chunks a sequence needs for `pages` logical pages (dense-offload keeps no summaries).
+int64_t summary_chunks(const SparseKv& sp, int64_t pages) { return sp.offload ? 0 : summary_chunks_for(pages); }
+
+}  // namespace
 
 // The device pool, its page groups, the host tier, and the tables of the step being run.
 class CudaKvStore final : public DeviceAttention {
@@ -347,8 +379,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
                                   : 0),
       chunk_pool_("CUDA KV summary chunks",
                   c.host_pages > 0 ? static_cast<uint32_t>(
-                                         (c.host_pages / (shape.n_layers * shape.n_kv_heads) +
-                                          cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages + c.max_batch)
+                                         summary_chunks_for(c.host_pages / (shape.n_layers * shape.n_kv_heads)) +
+                                         c.max_batch)
                                    : 0) {
   group_size_ = shape.n_heads / shape.n_kv_heads;
   q_width_ = shape.n_heads * shape.head_dim;
@@ -464,7 +496,7 @@ void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
 }
 
 void CudaKvStore::grow_prefill(std::vector<uint32_t>& groups, SparseKv& sp, int64_t pages) {
-  const int64_t chunks = sp.offload ? 0 : (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+  const int64_t chunks = summary_chunks(sp, pages);
   const auto missing = [pages](const std::vector<uint32_t>& v) {
     return static_cast<uint64_t>(std::max<int64_t>(0, pages - static_cast<int64_t>(v.size())));
   };
@@ -590,21 +622,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
              "in the store's bounds)");
   const int64_t heads = shape_.n_kv_heads;
   const int64_t ps = page_size_;
-  const auto chunks_for = [](int64_t pages) {
-    return (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
-  };
   const auto is_decode = [](const CudaSequenceKv& kv, const SparseKv& sp, int64_t n) {
     return sp.decoding || (n == 1 && kv.length() > 0);
   };
 
   // Check the chunks and count the groups they need before changing anything.
   std::vector<CudaSequenceKv*> seqs(chunks.size());
-  // Per sparse decode chunk: its window and how many pages it selects (zeros elsewhere).
-  struct DecodePlan {
-    sparse::DecodeWindow window;
-    int64_t selected = 0;
-  };
-  std::vector<DecodePlan> plans(chunks.size());
+  std::vector<DecodePlan> plans(chunks.size());  // per host-tier decode chunk (zeros elsewhere)
   std::unordered_set<const CudaSequenceKv*> seen;
   int64_t n_tokens = 0, n_single = 0;
   int64_t need_main = 0, need_low = 0, need_host = 0, need_chunks = 0;
@@ -636,9 +660,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       continue;
     }
     sparse_rows = true;
-    if (!sp->offload) {
-      need_chunks += std::max<int64_t>(0, chunks_for(pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
-    }
+    need_chunks += std::max<int64_t>(0, summary_chunks(*sp, pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
     if (!is_decode(*kv, *sp, n)) {
       SPIN_CHECK(chunk.pos0 == kv->length(), "attention step: sparse KV cannot rewrite position {}", chunk.pos0);
       need_main += std::max<int64_t>(0, pages_for(end) - held);
@@ -648,10 +670,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     SPIN_CHECK(n == 1 && chunk.pos0 == kv->length(),
                "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
-    const int64_t cur = chunk.pos0 / ps;
     const bool new_page = chunk.pos0 % ps == 0;
-    const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(cur));
-    plans[i] = {w, sp->offload ? 0 : std::min<int64_t>(sp->settings.budget_pages(static_cast<uint32_t>(end)), w.candidates())};
+    plans[i] = plan_decode(sp->settings, sp->offload, chunk.pos0);
+    const sparse::DecodeWindow& w = plans[i].window;
     if (!sp->decoding) {
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
@@ -696,9 +717,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       grow_prefill(kv.groups(), *sp, pages_for(end));
       continue;
     }
-    if (!sp->offload) {
+    {
       std::lock_guard lock(mutex_);
-      while (static_cast<int64_t>(sp->chunks.size()) < chunks_for(pages_for(end))) sp->chunks.push_back(chunk_pool_.alloc());
+      while (static_cast<int64_t>(sp->chunks.size()) < summary_chunks(*sp, pages_for(end))) {
+        sp->chunks.push_back(chunk_pool_.alloc());
+      }
     }
     const sparse::DecodeWindow w = plans[i].window;
     if (!sp->decoding) end_prefill(kv, pos, w, transition_src, transition_dst, stream);  // takes the lock itself
@@ -773,9 +796,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       decode_entries += heads * pages_for(end);
       continue;
     }
-    const auto& [w, k] = plans[static_cast<size_t>(i)];
-    decode_entries += heads * (sp->offload ? chunk.pos0 / ps + 1 : int64_t{w.sink_end} + k + chunk.pos0 / ps + 1 - w.window_start);
-    needed_entries += heads * k;
+    decode_entries += heads * plans[static_cast<size_t>(i)].attended;
+    needed_entries += heads * plans[static_cast<size_t>(i)].selected;
     dir_entries += static_cast<int64_t>(sp->chunks.size());
     host_entries += static_cast<int64_t>(sp->host.size());
     cache_entries += static_cast<int64_t>(sp->cache.size());
@@ -784,7 +806,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_decode_pages = take(room(decode_entries, items * max_pages));
   const int64_t at_low_decode_pages = take(room(low_decode_entries, items * max_pages));
   const int64_t at_needed = take(room(needed_entries, items * max_pages));
-  const int64_t at_summary_dir = take(room(dir_entries, decode_rows * chunks_for(max_pages)));
+  const int64_t at_summary_dir = take(room(dir_entries, decode_rows * summary_chunks_for(max_pages)));
   const int64_t at_host_groups = take(room(host_entries, decode_rows * max_pages));
   const int64_t at_cache_groups = take(room(cache_entries, decode_rows * max_cache_slots_));
   const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
@@ -880,7 +902,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       }
       // Decode row i.
       const int64_t cur = chunk.pos0 / ps;
-      const auto& [w, k] = plans[static_cast<size_t>(i)];
+      const sparse::DecodeWindow& w = plans[static_cast<size_t>(i)].window;
+      const int64_t k = plans[static_cast<size_t>(i)].selected;
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t item = i * heads + h;
         int32_t* low_list = t + at_low_decode_pages + low_decode_at;
@@ -1234,14 +1257,11 @@ int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& se
   SPIN_CHECK(tokens > 0 && tokens <= UINT32_MAX, "decode_pages_read: {} tokens", tokens);
   const int64_t all = store_->pages_for(tokens) * shape_.n_kv_heads;
   if (!uses_host_tier(settings)) return all * shape_.n_layers;
-  const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
-  const auto current = static_cast<uint32_t>((tokens - 1) / store_->page_size());
-  const sparse::DecodeWindow w = r.decode_window(current);
-  const int64_t selected = settings.algorithm == kGpuOffloadAlgorithm
-                               ? 0
-                               : std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(tokens)), w.candidates());
-  const int64_t sparse_layer = (int64_t{w.sink_end} + selected + current + 1 - w.window_start) * shape_.n_kv_heads;
-  return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * sparse_layer;
+  const bool offload = settings.algorithm == kGpuOffloadAlgorithm;
+  const DecodePlan plan = plan_decode(store_->resolve_sparse(settings), offload, tokens - 1);
+  // dense-offload attends to its candidates in the host tier: only sinks and window are on the device.
+  const int64_t device_pages = plan.attended - (offload ? int64_t{plan.window.candidates()} : 0);
+  return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * device_pages * shape_.n_kv_heads;
 }
 
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
