@@ -292,19 +292,27 @@ void Engine::resize_buffer(Request& r, int64_t pages) {
   if (r.kv) factory_->set_buffer_pages(*r.kv, pages);
 }
 
+// Paged sparse attention runs a single token as a decode step (sparse) and longer chunks as a
+// prefill (dense). So that neither chunking nor a recompute changes the output, its prefill ends
+// with the prompt: every later token runs alone, as it did when it was sampled (after a recompute:
+// fed back, not sampled again). Elsewhere everything not yet computed is prefill.
+int64_t Engine::prefill_end(const Request& r) const {
+  return factory_->single_token_is_decode(r.params.attention) ? r.n_prompt : static_cast<int64_t>(r.tokens.size());
+}
+
+bool Engine::runs_alone(const Request& r) const {
+  return r.computed >= prefill_end(r) || static_cast<int64_t>(r.tokens.size()) - r.computed == 1;
+}
+
 int64_t Engine::chunk_tokens(const Request& r, int64_t budget) const {
-  if (!factory_->single_token_is_decode(r.params.attention)) {
-    return std::min(static_cast<int64_t>(r.tokens.size()) - r.computed, budget);
-  }
-  // Paged sparse attention runs a single token as a decode step (sparse) and longer chunks as a
-  // prefill (dense). So that neither chunking nor a recompute changes the output, the prompt is
-  // prefilled in chunks of 2+ tokens and never leaves its last token alone, and every token after
-  // it runs alone, as it did when it was sampled (after a recompute: fed back, not sampled again).
-  if (r.computed >= r.n_prompt) return std::min<int64_t>(1, budget);
-  const int64_t remaining = r.n_prompt - r.computed;
+  if (runs_alone(r)) return std::min<int64_t>(1, budget);
+  const int64_t remaining = prefill_end(r) - r.computed;
   int64_t n = std::min(remaining, budget);
-  if (remaining - n == 1) --n;
-  if (n == 1 && r.computed > 0) n = 0;
+  // A sparse prefill is chunked into 2+ tokens and never leaves its last token alone.
+  if (factory_->single_token_is_decode(r.params.attention)) {
+    if (remaining - n == 1) --n;
+    if (n == 1 && r.computed > 0) n = 0;
+  }
   return n;
 }
 
@@ -506,10 +514,7 @@ StepReport Engine::step() {
   std::vector<std::pair<Request*, int64_t>> scheduled;
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<Request*> order = running_;
-  std::stable_partition(order.begin(), order.end(), [this](const Request* r) {
-    return static_cast<int64_t>(r->tokens.size()) - r->computed == 1 ||
-           (r->computed >= r->n_prompt && factory_->single_token_is_decode(r->params.attention));
-  });
+  std::stable_partition(order.begin(), order.end(), [this](const Request* r) { return runs_alone(*r); });
   for (Request* r : order) {
     if (budget == 0) break;
     if (std::find(running_.begin(), running_.end(), r) == running_.end()) continue;  // preempted
@@ -559,13 +564,9 @@ StepReport Engine::step() {
     if (n == 0) break;
     const bool resume = r->swapped;
     const int64_t tokens = r->computed + n;
-    // Where the prefill ends: the prompt plus what a recomputed request had generated, except
-    // under paged sparse attention, which feeds those back as decode steps (chunk_tokens).
-    const int64_t prefill_end = factory_->single_token_is_decode(r->params.attention)
-                                    ? r->n_prompt
-                                    : static_cast<int64_t>(r->tokens.size());
-    const auto prompt_fits = [&] { return shortfall(*r, prefill_end, false) == KvDemand{}; };
-    if (!resume && !prompt_fits() && !(make_room(*r, prefill_end, false) && prompt_fits())) {
+    const int64_t end = prefill_end(*r);
+    const auto prompt_fits = [&] { return shortfall(*r, end, false) == KvDemand{}; };
+    if (!resume && !prompt_fits() && !(make_room(*r, end, false) && prompt_fits())) {
       kv_blocked = true;
       break;
     }

@@ -196,7 +196,10 @@ class Engine {
   bool reserve_kv(Request& r, int64_t tokens, bool decoding);
   KvDemand kv_after(const Request& r, int64_t tokens, bool decoding) const;
   KvDemand shortfall(const Request& r, int64_t tokens, bool decoding) const;
-  // Tokens of r to run this step within `budget` (0: none now).
+  // Where r's prefill ends (tokens past it run one per step), whether its next chunk is one token,
+  // and the tokens of r to run this step within `budget` (0: none now).
+  int64_t prefill_end(const Request& r) const;
+  bool runs_alone(const Request& r) const;
   int64_t chunk_tokens(const Request& r, int64_t budget) const;
   void settle_kv(Request& r);
   // Elastic buffers (EngineConfig::elastic_kv_buffers).
