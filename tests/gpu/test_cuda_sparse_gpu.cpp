@@ -54,6 +54,25 @@ AttentionSettings quest(int64_t budget, double fraction = 0.0) {
 
 class CudaSparseTest : public GpuTest {
  protected:
+  // Runs the prompts with dense and then with `attention` on fresh stores of one model; each
+  // request must get dense's tokens (log-probabilities within 0.15), and the pools must be back
+  // to empty afterwards. `usage`: the second store's counters.
+  void expect_dense_tokens(CudaModel& model, const ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
+                           const std::vector<int64_t>& max_tokens, const AttentionSettings& attention,
+                           KvStoreUsage& usage) {
+    const int64_t host = pages_for(c, kPage, 8 * kContext);
+    const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+    const auto runs = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
+                                 std::vector<AttentionSettings>(prompts.size(), attention), &usage);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
+      EXPECT_EQ(runs[i].tokens, dense[i].tokens) << "request " << i;
+      EXPECT_LE(max_logprob_difference(runs[i], dense[i]), 0.15) << "request " << i;
+    }
+    EXPECT_EQ(usage.host_pages_used, 0) << "finished requests must give back their host-tier pages";
+    EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
+  }
+
   std::mt19937 rng{777};
 };
 
@@ -62,19 +81,8 @@ TEST_F(CudaSparseTest, QuestSelectingEveryPageEqualsDense) {
   const ModelWeights w = wide_margin_weights(c, 31);
   CudaModel model(w, CudaModelOptions{});
   const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
-  const std::vector<int64_t> max_tokens{40, 36, 30, 44};
-  const int64_t host = pages_for(c, kPage, 8 * kContext);
-  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
   KvStoreUsage usage;
-  const auto sparse = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
-                                 std::vector<AttentionSettings>(prompts.size(), quest(0, 1.0)), &usage);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(static_cast<int64_t>(sparse[i].tokens.size()), max_tokens[i]) << "request " << i;
-    EXPECT_EQ(sparse[i].tokens, dense[i].tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(sparse[i], dense[i]), 0.15) << "request " << i;
-  }
-  EXPECT_EQ(usage.host_pages_used, 0) << "finished requests must give back their host-tier pages";
-  EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
+  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, quest(0, 1.0), usage));
   // The first decode step of each request fetched every candidate page of both sparse layers from
   // the host tier; later steps found them in the cache.
   EXPECT_GT(usage.misses, 0u);
@@ -143,22 +151,12 @@ TEST_F(CudaSparseTest, DenseOffloadEqualsDenseWithItsKvInTheHostTier) {
   const ModelWeights w = wide_margin_weights(c, 35);
   CudaModel model(w, CudaModelOptions{});
   const auto prompts = random_prompts(rng, c.vocab_size, {310, 150, 263, 400});
-  const std::vector<int64_t> max_tokens{40, 36, 30, 44};
-  const int64_t host = pages_for(c, kPage, 8 * kContext);
-  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
   KvStoreUsage usage;
-  const auto offload = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
-                                  std::vector<AttentionSettings>(prompts.size(), dense_offload()), &usage);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(static_cast<int64_t>(offload[i].tokens.size()), max_tokens[i]) << "request " << i;
-    EXPECT_EQ(offload[i].tokens, dense[i].tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(offload[i], dense[i]), 0.15) << "request " << i;
-  }
-  EXPECT_EQ(usage.host_pages_used, 0);
-  EXPECT_EQ(usage.device_pages_used, 0);
+  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, dense_offload(), usage));
   EXPECT_EQ(usage.misses, 0u) << "dense-offload reads the host tier in place: nothing is retrieved";
 
   // Mid-run: every request decoding, its device pages far fewer than its KV.
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
   EngineConfig config;
   config.max_num_seqs = 8;
   config.max_num_batched_tokens = 512;
