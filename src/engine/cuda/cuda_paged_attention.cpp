@@ -91,8 +91,9 @@ struct PoolSizes {
 // page groups.
 struct SparseKv {
   sparse::ResolvedSettings settings;
-  // dense-offload: no selection, summaries or cache; attention reads the pages between sinks and
-  // window straight from the host tier (zero-copy).
+  // dense-offload (settings.algorithm, kept as a flag for the per-step tables): no selection,
+  // summaries or cache; attention reads the pages between sinks and window straight from the host
+  // tier (zero-copy).
   bool offload = false;
   int64_t cache_slots = 0;       // per (layer, KV head)
   std::vector<uint32_t> low;     // per logical page: its group in the first dense layers
