@@ -11,7 +11,7 @@
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
-//   --sparse-algorithm quest: sparse decode over the two-tier store (a pinned host tier sized for
+//   --sparse-algorithm quest or seer: sparse decode over the two-tier store (a pinned host tier sized for
 //   the largest batch x context). The device pages get random values, each sequence's uncomputed
 //   context is indexed by its own first decode step, then the batch decodes; the table gives the
 //   cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
@@ -278,6 +278,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.gpu_memory_utilization = a.gpu_memory_utilization;
   kv_config.max_batch = max_batch;
   kv_config.max_context = max_context;
+  kv_config.rope = spin::make_rope_table(c.rope, c.head_dim);
   if (sparse) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
@@ -473,8 +474,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
       ->capture_default_str();
   app.add_option("--sparse-algorithm", a.sparse_algorithm,
-                 "cuda: dense | quest (sparse decode over a host tier) | dense-offload (every page, read from it)")
-      ->check(CLI::IsMember({"dense", "quest", "dense-offload"}))
+                 "cuda: dense | quest | seer (sparse decode over a host tier) | dense-offload (every page, read "
+                 "from it)")
+      ->check(CLI::IsMember({"dense", "quest", "seer", "dense-offload"}))
       ->capture_default_str();
   app.add_option("--sparse-budget", a.sparse_budget, "cuda: tokens selected per KV head (0: the algorithm's default)")
       ->capture_default_str();

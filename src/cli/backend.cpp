@@ -113,6 +113,7 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
   kv.gpu_memory_utilization = options.gpu_memory_utilization;
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;
+  kv.rope = make_rope_table(config.rope, config.head_dim);
   std::vector<std::unique_ptr<CudaPagedAttentionFactory>> rank_factories =
       make_cuda_rank_factories(tp.model->rank_attention_shape(), kv, world);
   const int64_t rank_pages = rank_factories.front()->capacity().device_pages;
@@ -160,6 +161,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
   kv.gpu_memory_utilization = options.gpu_memory_utilization;
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;
+  kv.rope = make_rope_table(model->config().rope, model->config().head_dim);
   auto factory = std::make_unique<CudaPagedAttentionFactory>(model->attention_shape(), kv);
   const KvDemand capacity = factory->capacity();
   cudaDeviceProp prop{};

@@ -1,9 +1,9 @@
-// Quest on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill with the
-// KV written through to the host tier, then per decode step and sparse layer the Index, Select and
-// Retrieve kernels and attention over sinks + selected + window pages.
+// Quest and Seer on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill
+// with the KV written through to the host tier, then per decode step and sparse layer the Index,
+// Select and Retrieve kernels and attention over sinks + selected + window pages.
 //
 // References: the same model and store running `dense`. With a budget that covers the whole context,
-// Quest selects every candidate page, so its outputs must equal dense's up to bf16 noise (the same
+// Quest or Seer selects every candidate page, so its outputs must equal dense's up to bf16 noise (the same
 // tolerance as batching: log-probabilities within 0.15) — and every selected page reached the
 // device through the host tier and the cache, so the write-through, the retrieve's gather and the
 // page lists are all checked. With a small budget the outputs must not depend on the batch (each
@@ -41,14 +41,24 @@ std::unique_ptr<CudaPagedAttentionFactory> sparse_factory(const ModelConfig& c, 
                                                           int64_t host_pages) {
   CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 8 * kContext), 8, kContext);
   kv.host_pages = host_pages;
+  kv.rope = make_rope_table(c.rope, c.head_dim);
   return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
 }
 
-AttentionSettings quest(int64_t budget, double fraction = 0.0) {
+AttentionSettings sparse(const char* algorithm, int64_t budget, double fraction) {
   AttentionSettings s;
-  s.algorithm = "quest";
+  s.algorithm = algorithm;
   s.budget = budget;
   s.budget_fraction = fraction;
+  return s;
+}
+
+AttentionSettings quest(int64_t budget, double fraction = 0.0) { return sparse("quest", budget, fraction); }
+AttentionSettings seer(int64_t budget, double fraction = 0.0) { return sparse("seer", budget, fraction); }
+
+AttentionSettings dense_offload() {
+  AttentionSettings s;
+  s.algorithm = "dense-offload";
   return s;
 }
 
@@ -73,6 +83,35 @@ class CudaSparseTest : public GpuTest {
     EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
   }
 
+  // Each request with `settings` gets the same tokens alone as batched with the others, a rerun is
+  // bit-identical, the outputs move away from dense's, and the cache both misses and hits.
+  void expect_batch_invariant(CudaModel& model, const ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
+                              const std::vector<int64_t>& max_tokens, const std::vector<AttentionSettings>& settings) {
+    const int64_t host = pages_for(c, kPage, 8 * kContext);
+    const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
+    const auto together = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
+    const auto again = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
+    double largest_gap = 0.0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto alone = run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {max_tokens[i]}, nullptr,
+                                    {settings[i]})[0];
+      ASSERT_EQ(static_cast<int64_t>(together[i].tokens.size()), max_tokens[i]) << "request " << i;
+      EXPECT_EQ(together[i].tokens, alone.tokens) << "request " << i << " (" << settings[i].algorithm << ")";
+      EXPECT_LE(max_logprob_difference(together[i], alone), 0.15) << "request " << i << ": batching changed it";
+      EXPECT_EQ(max_logprob_difference(together[i], again[i]), 0.0) << "request " << i << ": a rerun differs";
+      if (settings[i].algorithm != "dense") {
+        largest_gap = std::max(largest_gap, max_logprob_difference(together[i], dense[i]));
+      }
+    }
+    // A few of ~20 pages attended in the sparse layers: the distributions move away from dense's.
+    EXPECT_GT(largest_gap, 1e-3) << "a small budget gave dense's log-probabilities: is Select a no-op?";
+
+    KvStoreUsage u;
+    run_engine(model, sparse_factory(c, model, host), {prompts[0]}, {64}, nullptr, {settings[0]}, &u);
+    EXPECT_GT(u.misses, 0u);
+    EXPECT_GT(u.hits, 0u) << "consecutive steps never reused a cached page";
+  }
+
   std::mt19937 rng{777};
 };
 
@@ -89,34 +128,41 @@ TEST_F(CudaSparseTest, QuestSelectingEveryPageEqualsDense) {
   EXPECT_GT(usage.hits, usage.misses);
 }
 
+TEST_F(CudaSparseTest, SeerSelectingEveryPageEqualsDense) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 37);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
+  KvStoreUsage usage;
+  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, seer(0, 1.0), usage));
+  EXPECT_GT(usage.misses, 0u);
+  EXPECT_GT(usage.hits, usage.misses);
+}
+
 TEST_F(CudaSparseTest, QuestSmallBudgetIsBatchInvariantAndUsesTheCache) {
   const ModelConfig c = four_layer_config();
   const ModelWeights w = wide_margin_weights(c, 32);
   CudaModel model(w, CudaModelOptions{});
   const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
-  const std::vector<int64_t> max_tokens{48, 40, 56};
-  const int64_t host = pages_for(c, kPage, 8 * kContext);
-  const std::vector<AttentionSettings> settings(prompts.size(), quest(48));
-  const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
-  const auto together = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
-  const auto again = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
-  double largest_gap = 0.0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto alone = run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {max_tokens[i]}, nullptr,
-                                  {settings[i]})[0];
-    ASSERT_EQ(static_cast<int64_t>(together[i].tokens.size()), max_tokens[i]) << "request " << i;
-    EXPECT_EQ(together[i].tokens, alone.tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(together[i], alone), 0.15) << "request " << i << ": batching changed it";
-    EXPECT_EQ(max_logprob_difference(together[i], again[i]), 0.0) << "request " << i << ": a rerun differs";
-    largest_gap = std::max(largest_gap, max_logprob_difference(together[i], dense[i]));
-  }
-  // 3 of ~20 pages attended in the sparse layers: the distributions move away from dense's.
-  EXPECT_GT(largest_gap, 1e-3) << "a 48-token budget gave dense's log-probabilities: is Select a no-op?";
+  expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), quest(48)));
+}
 
-  KvStoreUsage u;
-  run_engine(model, sparse_factory(c, model, host), {prompts[0]}, {64}, nullptr, {settings[0]}, &u);
-  EXPECT_GT(u.misses, 0u);
-  EXPECT_GT(u.hits, 0u) << "consecutive steps never reused a cached page";
+TEST_F(CudaSparseTest, SeerSmallBudgetIsBatchInvariantAndUsesTheCache) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 38);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), seer(64)));
+}
+
+TEST_F(CudaSparseTest, QuestSeerAndDenseRequestsInOneBatchGetTheirTokensAlone) {
+  // Each algorithm's Index and scores run only over its own rows of a mixed step.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 39);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 260, 180, 410, 330});
+  expect_batch_invariant(model, c, prompts, {48, 40, 44, 56, 36},
+                         {seer(64), quest(48), AttentionSettings{}, seer(0, 0.25), dense_offload()});
 }
 
 TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
@@ -135,12 +181,6 @@ TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
     EXPECT_EQ(runs[i].tokens, dense[i].tokens) << "dense request " << i;
     EXPECT_LE(max_logprob_difference(runs[i], dense[i]), 0.15) << "dense request " << i;
   }
-}
-
-AttentionSettings dense_offload() {
-  AttentionSettings s;
-  s.algorithm = "dense-offload";
-  return s;
 }
 
 TEST_F(CudaSparseTest, DenseOffloadEqualsDenseWithItsKvInTheHostTier) {
@@ -238,10 +278,20 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   auto factory = sparse_factory(c, model, pages_for(c, kPage, 4 * kContext));
   EXPECT_NO_THROW(factory->validate(quest(64)));
   EXPECT_NO_THROW(factory->validate(dense_offload()));
-  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest"}));
-  AttentionSettings other_dense_layers = quest(64);
-  other_dense_layers.first_dense_layers = 0;
-  EXPECT_THROW(factory->validate(other_dense_layers), Error);
+  EXPECT_NO_THROW(factory->validate(seer(64)));
+  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest", "seer"}));
+  for (AttentionSettings other_dense_layers : {quest(64), seer(64)}) {
+    other_dense_layers.first_dense_layers = 0;
+    EXPECT_THROW(factory->validate(other_dense_layers), Error);
+  }
+  // Seer turns stored keys back by the model's RoPE, and its 64-token blocks need whole pages.
+  CudaPagedKvConfig no_rope = paged_kv_config(kPage, 2 * pages_for(c, kPage, 8 * kContext), 8, kContext);
+  no_rope.host_pages = pages_for(c, kPage, 4 * kContext);
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), no_rope).validate(seer(64)), Error);
+  CudaPagedKvConfig page_24 = no_rope;
+  page_24.page_size = 24;
+  page_24.rope = make_rope_table(c.rope, c.head_dim);
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), page_24).validate(seer(64)), Error);
   AttentionSettings shadow;
   shadow.algorithm = "shadowkv";
   EXPECT_THROW(factory->validate(shadow), Error);

@@ -13,6 +13,7 @@
 #include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/seer_gate.h"
 #include "kernels/cuda/sparse_select.h"
 #include "kv/page_pool.h"
 #include "model/cuda/device_buffer.h"
@@ -35,14 +36,23 @@ constexpr double kPoolMarginBytes = 1.0 * (int64_t{1} << 30);
 constexpr int64_t kMaxGroup = 8;
 // A logical page of a sparse request that has no device group (it lives in the host tier only).
 constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
-// The sparse algorithm the GPU runs (its Index, Select and defaults: sparse/quest.cpp).
-constexpr const char* kGpuSparseAlgorithm = "quest";
-// Every page attended, those outside sinks and window read from the host tier at each step.
-constexpr const char* kGpuOffloadAlgorithm = "dense-offload";
+// The algorithms that keep a request's KV in the host tier, by their registry names: Quest and
+// Seer's training-free gate (Index and Select as sparse/quest.cpp and sparse/seer.cpp), and
+// dense-offload (every page attended, those outside sinks and window read from the host tier at
+// each step). Quest's published defaults set the pool's layout (its first dense layers).
+enum class HostTierAlgorithm : uint8_t { quest, seer, dense_offload };
+constexpr const char* kQuest = "quest";
+constexpr const char* kSeer = "seer";
+constexpr const char* kDenseOffload = "dense-offload";
 
-bool uses_host_tier(const AttentionSettings& s) {
-  return s.algorithm == kGpuSparseAlgorithm || s.algorithm == kGpuOffloadAlgorithm;
+std::optional<HostTierAlgorithm> host_tier_algorithm(const std::string& name) {
+  if (name == kQuest) return HostTierAlgorithm::quest;
+  if (name == kSeer) return HostTierAlgorithm::seer;
+  if (name == kDenseOffload) return HostTierAlgorithm::dense_offload;
+  return std::nullopt;
 }
+
+bool uses_host_tier(const AttentionSettings& s) { return host_tier_algorithm(s.algorithm).has_value(); }
 
 int64_t context_bucket(int64_t tokens) {
   int64_t bucket = kMinContextBucket;
@@ -84,17 +94,17 @@ struct PoolSizes {
   uint32_t groups = 0;      // usable page groups (the scratch group not counted)
   uint32_t low_groups = 0;  // groups of the first dense layers only
   int64_t dense_layers = 0;
-  sparse::AlgorithmTraits sparse_traits;  // the GPU's sparse algorithm's published defaults
+  sparse::AlgorithmTraits quest_traits;  // Quest's published defaults (the pool's layout)
 };
 
-// What a sequence that decodes from the host tier (quest, dense-offload) holds besides its device
-// page groups.
+// What a sequence that decodes from the host tier (quest, seer, dense-offload) holds besides its
+// device page groups.
 struct SparseKv {
   sparse::ResolvedSettings settings;
-  // dense-offload (settings.algorithm, kept as a flag for the per-step tables): no selection,
-  // summaries or cache; attention reads the pages between sinks and window straight from the host
-  // tier (zero-copy).
-  bool offload = false;
+  HostTierAlgorithm algorithm = HostTierAlgorithm::quest;  // settings.algorithm, for the step tables
+  // dense-offload: no selection, summaries or cache; attention reads the pages between sinks and
+  // window straight from the host tier (zero-copy).
+  bool offload() const { return algorithm == HostTierAlgorithm::dense_offload; }
   int64_t cache_slots = 0;       // per (layer, KV head)
   std::vector<uint32_t> low;     // per logical page: its group in the first dense layers
   std::vector<uint32_t> host;    // per logical page: its host-tier group
@@ -107,7 +117,7 @@ struct SparseKv {
 namespace {
 
 // Summary chunks a sequence needs for `pages` logical pages (dense-offload keeps no summaries).
-int64_t summary_chunks(const SparseKv& sp, int64_t pages) { return sp.offload ? 0 : summary_chunks_for(pages); }
+int64_t summary_chunks(const SparseKv& sp, int64_t pages) { return sp.offload() ? 0 : summary_chunks_for(pages); }
 
 }  // namespace
 
@@ -155,7 +165,9 @@ class CudaKvStore final : public DeviceAttention {
     int64_t max_new_tokens = 0; // longest prefill chunk
     int64_t context_bucket = 0; // decode kernel's max_tokens
     bool sparse_rows = false;   // some row belongs to a sparse sequence
-    bool sparse_decode = false; // some decode row runs the sparse pipeline
+    bool sparse_decode = false; // some decode row selects pages (Quest or Seer)
+    bool quest_decode = false;  // some decode row runs Quest's Index and scores
+    bool seer_decode = false;   // some decode row runs Seer's
     int32_t max_candidates = 0;
     const int32_t* page_of = nullptr;
     const int32_t* low_page_of = nullptr;
@@ -175,6 +187,9 @@ class CudaKvStore final : public DeviceAttention {
     // The sparse pipeline, per decode row (padding and dense rows select nothing).
     const int32_t* first_candidate = nullptr;
     const int32_t* end_candidate = nullptr;
+    const int32_t* quest_end = nullptr;  // end_candidate for Quest rows, first_candidate for others
+    const int32_t* seer_end = nullptr;   // the same for Seer rows
+    const int32_t* current_page = nullptr;
     const int32_t* dir_offsets = nullptr;
     const int32_t* summary_dir = nullptr;
     const int32_t* host_offsets = nullptr;
@@ -187,11 +202,21 @@ class CudaKvStore final : public DeviceAttention {
     int32_t* needed = nullptr;        // written by select, read by retrieve
     const int32_t* out_offsets = nullptr;
     int32_t* decode_pages_mutable = nullptr;  // retrieve writes the selected pages' device ids here
-    const int32_t* index_src = nullptr;
+    const int32_t* index_src = nullptr;       // per decode item: the page it completed (Quest), or -1
+    const int32_t* seer_index_src = nullptr;  // the same for Seer
     const int32_t* index_dst = nullptr;
+    const int32_t* index_page = nullptr;      // logical page of index_src / seer_index_src
+  };
+
+  // Complete pages to index at once (sequences whose prefill just ended): source page, summary
+  // entry, logical page.
+  struct IndexList {
+    std::vector<int32_t> src, dst, page;
   };
 
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
+  // Seer's Index over layer `layer`'s slice, without its page lists.
+  cuda::SeerIndexParams seer_index_params(int64_t layer) const;
   // Element offset of layer l's slice of the pool (the first dense layers' slices are larger).
   size_t layer_offset(int64_t layer) const;
   size_t host_layer_offset(int64_t layer) const {
@@ -212,9 +237,9 @@ class CudaKvStore final : public DeviceAttention {
                                 page % cuda::kSummaryChunkPages);
   }
   // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
-  // cache slots, and returns the (source page, summary entry) pairs of every complete page to index.
-  void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, std::vector<int32_t>& index_src,
-                   std::vector<int32_t>& index_dst, cudaStream_t stream);
+  // cache slots, and adds every complete page to `to_index`.
+  void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, IndexList& to_index,
+                   cudaStream_t stream);
 
   AttentionShape shape_;
   int device_;
@@ -229,7 +254,13 @@ class CudaKvStore final : public DeviceAttention {
   int64_t groups_total_ = 0;  // page groups in the pool, the scratch group (the last) included
   int64_t low_total_ = 0;     // groups only the first dense layers' slices have (after groups_total_)
   int64_t dense_layers_ = 0;  // the first dense layers of sparse requests
-  sparse::AlgorithmTraits sparse_traits_;
+  sparse::AlgorithmTraits quest_traits_;
+  // Seer's defaults, with the pool's first dense layers (it publishes none; the pool keeps Quest's).
+  sparse::AlgorithmTraits seer_traits_;
+  int64_t seer_block_pages_ = 0;     // pages per Seer block; 0: seer is unavailable, for seer_refusal_
+  std::string seer_refusal_;
+  DeviceBuffer<float> inv_freq_;     // the model's RoPE, for Seer
+  bool neox_ = true;
   int64_t host_groups_total_ = 0;  // host-tier groups, its scratch group (the last) included
   int64_t chunks_total_ = 0;
   int64_t max_cache_slots_ = 0;
@@ -294,11 +325,11 @@ kv::KvLayout store_layout(const AttentionShape& shape, int64_t page_size) {
                       static_cast<uint32_t>(shape.head_dim), static_cast<uint32_t>(page_size), kv::ElemType::F32};
 }
 
-// The published defaults of the sparse algorithm the GPU runs (they do not depend on settings).
-sparse::AlgorithmTraits gpu_sparse_traits(const AttentionShape& shape, int64_t page_size) {
-  const sparse::SparseSettings settings{.algorithm = kGpuSparseAlgorithm};
+// An algorithm's published defaults (they do not depend on settings).
+sparse::AlgorithmTraits algorithm_traits(const char* name, const AttentionShape& shape, int64_t page_size) {
+  const sparse::SparseSettings settings{.algorithm = name};
   return sparse::AlgorithmRegistry::global()
-      .create(kGpuSparseAlgorithm, sparse::AlgorithmContext{shape, store_layout(shape, page_size), &settings})
+      .create(name, sparse::AlgorithmContext{shape, store_layout(shape, page_size), &settings})
       ->traits();
 }
 
@@ -326,8 +357,8 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
 
   PoolSizes sizes;
   if (c.host_pages > 0) {
-    sizes.sparse_traits = gpu_sparse_traits(shape, c.page_size);
-    sizes.dense_layers = std::min<int64_t>(sizes.sparse_traits.first_dense_layers, shape.n_layers);
+    sizes.quest_traits = algorithm_traits(kQuest, shape, c.page_size);
+    sizes.dense_layers = std::min<int64_t>(sizes.quest_traits.first_dense_layers, shape.n_layers);
   }
   const double page_bytes = 2.0 * c.page_size * shape.head_dim * sizeof(bf16);
   const double group_bytes = static_cast<double>(shape.n_layers * shape.n_kv_heads) * page_bytes;
@@ -388,7 +419,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   groups_total_ = int64_t{groups_.capacity()} + 1;
   low_total_ = low_groups_.capacity();
   dense_layers_ = sizes.dense_layers;
-  sparse_traits_ = sizes.sparse_traits;
+  quest_traits_ = sizes.quest_traits;
   buffer_factor_ = c.buffer_factor;
   page_elems_ = static_cast<size_t>(2 * page_size_ * shape.head_dim);
   pool_.reserve(layer_offset(shape.n_layers), "KV cache pool");
@@ -418,6 +449,20 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     cuda_check(cudaMemset(slot_page_.get(), 0xff, slot_page_.bytes()), "KV cache slot table clear");
     cuda_check(cudaMemset(slot_stamp_.get(), 0, slot_stamp_.bytes()), "KV cache slot stamps clear");
     max_cache_slots_ = std::min<int64_t>(groups_.capacity(), cuda::kMaxCacheSlots);
+    seer_traits_ = algorithm_traits(kSeer, shape, page_size_);
+    seer_traits_.first_dense_layers = static_cast<uint32_t>(dense_layers_);
+    const uint32_t block = sparse::SparseSettings{}.seer_block_tokens;
+    if (c.rope.inv_freq.size() != static_cast<size_t>(shape.head_dim / 2)) {
+      seer_refusal_ = "seer on the CUDA backend needs the model's RoPE table (the store was made without it)";
+    } else if (block % page_size_ != 0) {
+      seer_refusal_ = fmt::format("seer's {}-token blocks are not whole {}-token pages (--block-size)", block, page_size_);
+    } else {
+      seer_block_pages_ = block / page_size_;
+      inv_freq_.reserve(c.rope.inv_freq.size(), "RoPE frequencies");
+      cuda_check(cudaMemcpy(inv_freq_.get(), c.rope.inv_freq.data(), inv_freq_.bytes(), cudaMemcpyHostToDevice),
+                 "RoPE frequencies upload");
+      neox_ = c.rope.neox;
+    }
   }
   // The clears run on the legacy stream, which the model's non-blocking stream does not wait for.
   cuda_check(cudaDeviceSynchronize(), "KV pool clear");
@@ -464,13 +509,16 @@ size_t CudaKvStore::layer_offset(int64_t layer) const {
 sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& settings) const {
   SPIN_CHECK(has_host_tier(), "attention algorithm '{}' needs the KV host tier on the CUDA backend (--kv-host-pages)",
              settings.algorithm);
+  const HostTierAlgorithm algorithm = *host_tier_algorithm(settings.algorithm);
+  SPIN_CHECK(algorithm != HostTierAlgorithm::seer || seer_block_pages_ > 0, "{}", seer_refusal_);
   kv::KvConfig store;
   store.layout = store_layout(shape_, page_size_);
-  // dense-offload keeps the same sinks, window and first dense layers (the pool's layout); its
+  // dense-offload keeps Quest's sinks, window and first dense layers (the pool's layout); its
   // budget is unused.
   sparse::SparseSettings s = to_sparse_settings(settings);
-  s.algorithm = kGpuSparseAlgorithm;
-  sparse::ResolvedSettings r = sparse::resolve_settings(s, sparse_traits_, shape_, store);
+  if (algorithm == HostTierAlgorithm::dense_offload) s.algorithm = kQuest;
+  sparse::ResolvedSettings r = sparse::resolve_settings(
+      s, algorithm == HostTierAlgorithm::seer ? seer_traits_ : quest_traits_, shape_, store);
   r.algorithm = settings.algorithm;
   SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
              "on the CUDA backend {} runs with its {} first dense layers, not {}", settings.algorithm, dense_layers_,
@@ -479,7 +527,7 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
 }
 
 int64_t CudaKvStore::cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
-  if (r.algorithm == kGpuOffloadAlgorithm) return 0;
+  if (r.algorithm == kDenseOffload) return 0;
   const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX)));
   SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
              "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
@@ -583,15 +631,27 @@ cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t 
   return p;
 }
 
+cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
+  cuda::SeerIndexParams p;
+  p.kv_pool = pool_.get() + layer_offset(layer);
+  p.head_dim = static_cast<int>(shape_.head_dim);
+  p.page_size = static_cast<int>(page_size_);
+  p.inv_freq = inv_freq_.get();
+  p.neox = neox_;
+  p.summaries = summaries_.get() + summary_layer_offset(layer);
+  return p;
+}
+
 void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
-                              std::vector<int32_t>& index_src, std::vector<int32_t>& index_dst, cudaStream_t stream) {
+                              IndexList& to_index, cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
-  for (int64_t p = 0; p < (sp.offload ? 0 : pos / page_size_); ++p) {
+  for (int64_t p = 0; p < (sp.offload() ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
-      index_src.push_back(page_id(groups[static_cast<size_t>(p)], h));
-      index_dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
+      to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
+      to_index.dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
+      to_index.page.push_back(static_cast<int32_t>(p));
     }
   }
   {
@@ -672,7 +732,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     SPIN_CHECK(n == 1 && chunk.pos0 == kv->length(),
                "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
     const bool new_page = chunk.pos0 % ps == 0;
-    plans[i] = plan_decode(sp->settings, sp->offload, chunk.pos0);
+    plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0);
     const sparse::DecodeWindow& w = plans[i].window;
     if (!sp->decoding) {
       int64_t kept = 0;
@@ -704,7 +764,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   }
 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
-  std::vector<int32_t> transition_src, transition_dst;
+  IndexList quest_transitions, seer_transitions;
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -725,7 +785,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       }
     }
     const sparse::DecodeWindow w = plans[i].window;
-    if (!sp->decoding) end_prefill(kv, pos, w, transition_src, transition_dst, stream);  // takes the lock itself
+    if (!sp->decoding) {  // takes the lock itself
+      end_prefill(kv, pos, w, sp->algorithm == HostTierAlgorithm::seer ? seer_transitions : quest_transitions, stream);
+    }
     ++sp->now;
     if (pos % ps != 0) continue;
     std::lock_guard lock(mutex_);
@@ -774,10 +836,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_low_decode_offsets = take(items + 1), at_low_decode_tokens = take(items);
   const int64_t at_prefill_offsets = take(prefill_seqs * heads + 1);
   const int64_t at_prefill_token_offsets = take(prefill_seqs + 1), at_prefill_first_pos = take(prefill_seqs);
-  const int64_t at_first = take(decode_rows), at_end = take(decode_rows), at_dir_offsets = take(decode_rows),
+  const int64_t at_first = take(decode_rows), at_end = take(decode_rows), at_quest_end = take(decode_rows),
+                at_seer_end = take(decode_rows), at_current_page = take(decode_rows), at_dir_offsets = take(decode_rows),
                 at_host_offsets = take(decode_rows), at_cache_offsets = take(decode_rows + 1), at_now = take(decode_rows);
   const int64_t at_counts = take(items), at_needed_offsets = take(items), at_out_offsets = take(items),
-                at_index_src = take(items), at_index_dst = take(items);
+                at_index_src = take(items), at_seer_index_src = take(items), at_index_dst = take(items),
+                at_index_page = take(items);
   const int64_t fixed_end = total;
 
   // List sizes of this step.
@@ -811,8 +875,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_host_groups = take(room(host_entries, decode_rows * max_pages));
   const int64_t at_cache_groups = take(room(cache_entries, decode_rows * max_cache_slots_));
   const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
-  const auto transitions = static_cast<int64_t>(transition_src.size());
+  const auto transitions = static_cast<int64_t>(quest_transitions.src.size());
   const int64_t at_transition_src = take(transitions), at_transition_dst = take(transitions);
+  const auto seer_transitions_n = static_cast<int64_t>(seer_transitions.src.size());
+  const int64_t at_seer_transition_src = take(seer_transitions_n), at_seer_transition_dst = take(seer_transitions_n),
+                at_seer_transition_page = take(seer_transitions_n);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
@@ -863,7 +930,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_slot_of + row] = 0;
     }
   }
-  bool sparse_decode = false;
+  bool quest_decode = false, seer_decode = false;
   {
     int64_t decode_at = 0, low_decode_at = 0, prefill_at = 0, token_at = 0, needed_at = 0, dir_at = 0, host_at = 0,
             cache_at = 0;
@@ -874,8 +941,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_counts + item] = 0;
       t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
       t[at_out_offsets + item] = 0;
-      t[at_index_src + item] = -1;
-      t[at_index_dst + item] = 0;
+      t[at_index_src + item] = t[at_seer_index_src + item] = -1;
+      t[at_index_dst + item] = t[at_index_page + item] = 0;
     };
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
@@ -923,7 +990,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         } else {
           for (int64_t j = 0; j < int64_t{w.sink_end}; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_out_offsets + item] = static_cast<int32_t>(decode_at + len);
-          if (sp->offload) {  // every page between sinks and window, read from the host tier
+          if (sp->offload()) {  // every page between sinks and window, read from the host tier
             for (int64_t j = w.sink_end; j < int64_t{w.window_start}; ++j) {
               list[len++] = ~page_id(sp->host[static_cast<size_t>(j)], h);
             }
@@ -933,23 +1000,33 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
           t[at_decode_tokens + item] = static_cast<int32_t>((len - 1) * ps + chunk.pos0 % ps + 1);
           t[at_counts + item] = static_cast<int32_t>(k);
           needed_at += k;
-          if (!sp->offload && (chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
-            t[at_index_src + item] = page_id(groups[static_cast<size_t>(cur)], h);
+          if (!sp->offload() && (chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
+            const bool seer = sp->algorithm == HostTierAlgorithm::seer;
+            t[(seer ? at_seer_index_src : at_index_src) + item] = page_id(groups[static_cast<size_t>(cur)], h);
             t[at_index_dst + item] =
                 summary_entry(sp->chunks[static_cast<size_t>(cur / cuda::kSummaryChunkPages)], h, cur);
+            t[at_index_page + item] = static_cast<int32_t>(cur);
           }
         }
         decode_at += len;
         t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
       }
+      // Candidates [sink_end, window_start) for each algorithm's scores, empty for the others (and
+      // for dense-offload, which has no summaries).
+      const auto scored_by = [&](HostTierAlgorithm a) {
+        return static_cast<int32_t>(sp != nullptr && sp->algorithm == a ? w.window_start : w.sink_end);
+      };
       t[at_first + i] = static_cast<int32_t>(w.sink_end);
-      // dense-offload scores no candidates (it has no summaries).
-      t[at_end + i] = static_cast<int32_t>(sp != nullptr && sp->offload ? w.sink_end : w.window_start);
+      t[at_end + i] = static_cast<int32_t>(sp != nullptr && sp->offload() ? w.sink_end : w.window_start);
+      t[at_quest_end + i] = scored_by(HostTierAlgorithm::quest);
+      t[at_seer_end + i] = scored_by(HostTierAlgorithm::seer);
+      t[at_current_page + i] = static_cast<int32_t>(cur);
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
       t[at_now + i] = static_cast<int32_t>(sp ? sp->now : 0);
       if (sp != nullptr) {
-        sparse_decode |= !sp->offload;
+        quest_decode |= sp->algorithm == HostTierAlgorithm::quest;
+        seer_decode |= sp->algorithm == HostTierAlgorithm::seer;
         for (uint32_t c : sp->chunks) t[at_summary_dir + dir_at++] = static_cast<int32_t>(c);
         for (uint32_t g : sp->host) t[at_host_groups + host_at++] = static_cast<int32_t>(g);
         for (uint32_t g : sp->cache) t[at_cache_groups + cache_at++] = static_cast<int32_t>(g);
@@ -965,15 +1042,18 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         t[at_low_decode_tokens + item] = 0;
         select_nothing(item);
       }
-      t[at_first + i] = t[at_end + i] = 0;
+      t[at_first + i] = t[at_end + i] = t[at_quest_end + i] = t[at_seer_end + i] = t[at_current_page + i] = 0;
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
       t[at_now + i] = 0;
       t[at_cache_offsets + i + 1] = static_cast<int32_t>(cache_at);
     }
   }
-  std::copy(transition_src.begin(), transition_src.end(), t + at_transition_src);
-  std::copy(transition_dst.begin(), transition_dst.end(), t + at_transition_dst);
+  std::copy(quest_transitions.src.begin(), quest_transitions.src.end(), t + at_transition_src);
+  std::copy(quest_transitions.dst.begin(), quest_transitions.dst.end(), t + at_transition_dst);
+  std::copy(seer_transitions.src.begin(), seer_transitions.src.end(), t + at_seer_transition_src);
+  std::copy(seer_transitions.dst.begin(), seer_transitions.dst.end(), t + at_seer_transition_dst);
+  std::copy(seer_transitions.page.begin(), seer_transitions.page.end(), t + at_seer_transition_page);
 
   // Upload what this step filled: the fixed block, then each list's used part.
   const auto upload = [&](int64_t at, int64_t count) {
@@ -988,7 +1068,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   upload(at_summary_dir, dir_entries);
   upload(at_host_groups, host_entries);
   upload(at_cache_groups, cache_entries);
-  upload(at_prefill_pages, at_transition_dst + transitions - at_prefill_pages);
+  upload(at_prefill_pages, total - at_prefill_pages);
   cuda_check(cudaEventRecord(upload_done_, stream), "KV table upload");
 
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -1001,7 +1081,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .max_new_tokens = max_new_tokens,
                .context_bucket = bucket,
                .sparse_rows = sparse_rows,
-               .sparse_decode = sparse_decode,
+               .sparse_decode = quest_decode || seer_decode,
+               .quest_decode = quest_decode,
+               .seer_decode = seer_decode,
                .max_candidates = static_cast<int32_t>(max_pages),
                .page_of = d + at_page_of,
                .low_page_of = d + at_low_page_of,
@@ -1020,6 +1102,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .low_prefill_pages = d + at_low_prefill_pages,
                .first_candidate = d + at_first,
                .end_candidate = d + at_end,
+               .quest_end = d + at_quest_end,
+               .seer_end = d + at_seer_end,
+               .current_page = d + at_current_page,
                .dir_offsets = d + at_dir_offsets,
                .summary_dir = d + at_summary_dir,
                .host_offsets = d + at_host_offsets,
@@ -1033,26 +1118,34 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .out_offsets = d + at_out_offsets,
                .decode_pages_mutable = d + at_decode_pages,
                .index_src = d + at_index_src,
-               .index_dst = d + at_index_dst};
+               .seer_index_src = d + at_seer_index_src,
+               .index_dst = d + at_index_dst,
+               .index_page = d + at_index_page};
 
   // Sparse sequences that just ended their prefill: summaries of all their complete pages, in every
   // sparse layer (eagerly, before the step's kernels; never part of a captured graph).
-  if (transitions > 0) {
-    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
-      cuda::QuestIndexParams p;
-      p.kv_pool = pool_.get() + layer_offset(l);
-      p.src_pages = d + at_transition_src;
-      p.dst_entries = d + at_transition_dst;
-      p.num_pages = static_cast<int>(transitions);
-      p.head_dim = static_cast<int>(shape_.head_dim);
-      p.page_size = static_cast<int>(page_size_);
-      p.summaries = summaries_.get() + summary_layer_offset(l);
-      cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
-    }
+  for (int64_t l = dense_layers_; l < shape_.n_layers && transitions > 0; ++l) {
+    cuda::QuestIndexParams p;
+    p.kv_pool = pool_.get() + layer_offset(l);
+    p.src_pages = d + at_transition_src;
+    p.dst_entries = d + at_transition_dst;
+    p.num_pages = static_cast<int>(transitions);
+    p.head_dim = static_cast<int>(shape_.head_dim);
+    p.page_size = static_cast<int>(page_size_);
+    p.summaries = summaries_.get() + summary_layer_offset(l);
+    cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
   }
-  // Graphs differ by whether the host-tier write-through and the Quest pipeline run.
+  for (int64_t l = dense_layers_; l < shape_.n_layers && seer_transitions_n > 0; ++l) {
+    cuda::SeerIndexParams p = seer_index_params(l);
+    p.src_pages = d + at_seer_transition_src;
+    p.dst_entries = d + at_seer_transition_dst;
+    p.logical_pages = d + at_seer_transition_page;
+    p.num_pages = static_cast<int>(seer_transitions_n);
+    cuda_check(cuda::seer_index_pages(p, stream), "Seer index of the prompt");
+  }
+  // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run.
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,
-                          (sparse_rows ? 1u : 0u) | (sparse_decode ? 2u : 0u)};
+                          (sparse_rows ? 1u : 0u) | (quest_decode ? 2u : 0u) | (seer_decode ? 4u : 0u)};
 }
 
 void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
@@ -1084,29 +1177,58 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     const int decode_rows = static_cast<int>(step_.decode_rows);
     if (step_.sparse_decode && !dense_layer) {
       bf16* summaries = summaries_.get() + summary_layer_offset(layer);
-      cuda::QuestIndexParams index;
-      index.kv_pool = pool;
-      index.src_pages = step_.index_src;
-      index.dst_entries = step_.index_dst;
-      index.num_pages = decode_rows * heads;
-      index.head_dim = head_dim;
-      index.page_size = static_cast<int>(page_size_);
-      index.summaries = summaries;
-      cuda_check(cuda::quest_index_pages(index, stream), "Quest index");
-      cuda::QuestScoreParams score;
-      score.q = decode_q_.get();
-      score.summaries = summaries;
-      score.summary_dir = step_.summary_dir;
-      score.dir_offsets = step_.dir_offsets;
-      score.first_candidate = step_.first_candidate;
-      score.end_candidate = step_.end_candidate;
-      score.num_seqs = decode_rows;
-      score.num_kv_heads = heads;
-      score.group = static_cast<int>(group_size_);
-      score.head_dim = head_dim;
-      score.max_candidates = step_.max_candidates;
-      score.scores = scores_.get();
-      cuda_check(cuda::quest_score_pages(score, stream), "Quest scores");
+      if (step_.quest_decode) {
+        cuda::QuestIndexParams index;
+        index.kv_pool = pool;
+        index.src_pages = step_.index_src;
+        index.dst_entries = step_.index_dst;
+        index.num_pages = decode_rows * heads;
+        index.head_dim = head_dim;
+        index.page_size = static_cast<int>(page_size_);
+        index.summaries = summaries;
+        cuda_check(cuda::quest_index_pages(index, stream), "Quest index");
+        cuda::QuestScoreParams score;
+        score.q = decode_q_.get();
+        score.summaries = summaries;
+        score.summary_dir = step_.summary_dir;
+        score.dir_offsets = step_.dir_offsets;
+        score.first_candidate = step_.first_candidate;
+        score.end_candidate = step_.quest_end;
+        score.num_seqs = decode_rows;
+        score.num_kv_heads = heads;
+        score.group = static_cast<int>(group_size_);
+        score.head_dim = head_dim;
+        score.max_candidates = step_.max_candidates;
+        score.scores = scores_.get();
+        cuda_check(cuda::quest_score_pages(score, stream), "Quest scores");
+      }
+      if (step_.seer_decode) {
+        cuda::SeerIndexParams index = seer_index_params(layer);
+        index.src_pages = step_.seer_index_src;
+        index.dst_entries = step_.index_dst;
+        index.logical_pages = step_.index_page;
+        index.num_pages = decode_rows * heads;
+        cuda_check(cuda::seer_index_pages(index, stream), "Seer index");
+        cuda::SeerScoreParams score;
+        score.q = decode_q_.get();
+        score.summaries = summaries;
+        score.summary_dir = step_.summary_dir;
+        score.dir_offsets = step_.dir_offsets;
+        score.first_candidate = step_.first_candidate;
+        score.end_candidate = step_.seer_end;
+        score.current_page = step_.current_page;
+        score.num_seqs = decode_rows;
+        score.num_kv_heads = heads;
+        score.group = static_cast<int>(group_size_);
+        score.head_dim = head_dim;
+        score.page_size = static_cast<int>(page_size_);
+        score.block_pages = static_cast<int>(seer_block_pages_);
+        score.inv_freq = inv_freq_.get();
+        score.neox = neox_;
+        score.max_candidates = step_.max_candidates;
+        score.scores = scores_.get();
+        cuda_check(cuda::seer_score_pages(score, stream), "Seer scores");
+      }
       cuda::SelectTopParams select;
       select.scores = scores_.get();
       select.max_candidates = step_.max_candidates;
@@ -1186,7 +1308,7 @@ CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape
 CudaPagedAttentionFactory::~CudaPagedAttentionFactory() = default;
 
 std::vector<std::string> CudaPagedAttentionFactory::algorithms() const {
-  if (store_->has_host_tier()) return {"dense", kGpuOffloadAlgorithm, kGpuSparseAlgorithm};
+  if (store_->has_host_tier()) return {"dense", kDenseOffload, kQuest, kSeer};
   return {"dense"};
 }
 
@@ -1199,7 +1321,8 @@ void CudaPagedAttentionFactory::validate(const AttentionSettings& settings) cons
              "attention algorithm '{}' is not available on the CUDA backend yet (available: dense{}; the others run "
              "with --device cpu)",
              settings.algorithm,
-             store_->has_host_tier() ? ", dense-offload, quest" : "; dense-offload and quest with --kv-host-pages");
+             store_->has_host_tier() ? ", dense-offload, quest, seer"
+                                     : "; dense-offload, quest and seer with --kv-host-pages");
   AttentionFactory::validate(settings);
 }
 
@@ -1211,7 +1334,7 @@ std::unique_ptr<SequenceKv> CudaPagedAttentionFactory::create(const AttentionSet
   if (uses_host_tier(settings)) {
     sparse = std::make_unique<SparseKv>();
     sparse->settings = store_->resolve_sparse(settings);
-    sparse->offload = settings.algorithm == kGpuOffloadAlgorithm;
+    sparse->algorithm = *host_tier_algorithm(settings.algorithm);
     sparse->cache_slots = store_->cache_slots(sparse->settings, max_tokens);
   }
   return std::make_unique<CudaSequenceKv>(store_, max_tokens, std::move(sparse));
@@ -1258,7 +1381,7 @@ int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& se
   SPIN_CHECK(tokens > 0 && tokens <= UINT32_MAX, "decode_pages_read: {} tokens", tokens);
   const int64_t all = store_->pages_for(tokens) * shape_.n_kv_heads;
   if (!uses_host_tier(settings)) return all * shape_.n_layers;
-  const bool offload = settings.algorithm == kGpuOffloadAlgorithm;
+  const bool offload = settings.algorithm == kDenseOffload;
   const DecodePlan plan = plan_decode(store_->resolve_sparse(settings), offload, tokens - 1);
   // dense-offload attends to its candidates in the host tier: only sinks and window are on the device.
   const int64_t device_pages = plan.attended - (offload ? int64_t{plan.window.candidates()} : 0);

@@ -1,9 +1,10 @@
 #pragma once
 // Paged attention on the GPU: the KV store the CUDA model attends through and the AttentionFactory
-// the Engine gets per-request KV from (admitting and preempting by its pages). Three algorithms run
-// here: `dense` (every page on the device), `quest` (sparse decode over a two-tier store) and
-// `dense-offload` (every page attended, those between sinks and window read from the host tier by
-// the attention kernel itself, zero-copy, at each step: the offloading baseline).
+// the Engine gets per-request KV from (admitting and preempting by its pages). Four algorithms run
+// here: `dense` (every page on the device), `quest` and `seer` (sparse decode over a two-tier
+// store; Seer with its training-free gate) and `dense-offload` (every page attended, those between
+// sinks and window read from the host tier by the attention kernel itself, zero-copy, at each
+// step: the offloading baseline).
 //
 // The pool is one device allocation of bf16 pages; a page holds page_size tokens of K and V for
 // ONE (layer, KV head), as on the CPU (kv/layout.h). Dense attention needs the same positions in
@@ -18,10 +19,10 @@
 // store_kv_pages_bf16, then paged_decode_attention for single-token chunks and
 // paged_prefill_attention for longer ones (kernels/cuda).
 //
-// Quest (sparse) requests, when the store has a host tier (pinned host memory the GPU reads
+// Quest and Seer (sparse) requests, when the store has a host tier (pinned host memory the GPU reads
 // directly): prefill is dense, with every token also written through to the host tier. At the
-// first decode step the store indexes every complete page (Quest's min/max key summaries, on the
-// device) and keeps on the device only the sink and recent-window pages plus a cache of slots per
+// first decode step the store indexes every complete page (Quest's min/max key summaries or Seer's
+// key sums, on the device) and keeps on the device only the sink and recent-window pages plus a cache of slots per
 // (layer, KV head); the first dense layers keep all their pages, in groups that exist only in those
 // layers' slices of the pool (which are larger). Each decode step, per sparse layer, with no host
 // round trip: Index the page that just filled, score the candidate pages against the queries,
@@ -30,12 +31,13 @@
 // dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
 // slots), so its first dense layers also stay on the device (the pool's layout); its decode lists
 // name the host-tier pages directly (negative ids, kernels/cuda/paged_attention.h), and a step
-// with only dense-offload rows runs no Quest kernels.
+// with only dense-offload rows runs no Index or Select kernels.
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "engine/attention_factory.h"
+#include "model/rope.h"
 
 namespace spin {
 
@@ -58,6 +60,8 @@ struct CudaPagedKvConfig {
   // Cache slots of a sparse request per (layer, KV head): (1 + buffer_factor) x its largest
   // selection (SPEC: a buffer of up to 5x the mandatory pages).
   double buffer_factor = 5.0;
+  // The model's RoPE: Seer turns the stored keys back to pre-RoPE ones. Empty: seer is refused.
+  RopeTable rope;
 };
 
 class CudaKvStore;
