@@ -20,12 +20,15 @@
 //   keys and random tokens make selections churn more than a real model's would: this is a
 //   retrieval-heavy case, not a typical one. --sparse-algorithm dense-offload: the same store, every
 //   page attended, those outside sinks, window and the first dense layers read over the link by
-//   the attention kernel (counted in the table's retrieved bytes).
+//   the attention kernel (counted in the table's retrieved bytes). On one GPU, quest and seer add
+//   a second table: where a step's time goes (phases timed by events over 12 eager steps) and the
+//   step against the ideal envelope (Belady's fetches over the same selections and cache slots).
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <numeric>
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "engine/sampler.h"
 #include "kernels/cpu/ops.h"
 #include "model/contiguous_attention.h"
 #include "model/loader.h"
@@ -42,6 +46,7 @@
 
 #include "engine/cuda/cuda_paged_attention.h"
 #include "kernels/cuda/module_loading.h"
+#include "kv/replacement_oracle.h"
 #include "engine/tensor_parallel_factory.h"
 #include "model/cuda/cuda_model.h"
 #include "model/tensor_parallel.h"
@@ -61,6 +66,7 @@ double median(std::vector<double> v) {
 }
 
 struct BenchArgs {
+  bool compare_sampling = false;
   std::string model;
   std::string load_format = "auto";
   std::string device = "cpu";
@@ -221,6 +227,65 @@ double device_copy_bandwidth(int repeats) {
   return rate;
 }
 
+constexpr int kProfileWarmSteps = 12;  // enough steps to fill the caches (6x the selection)
+constexpr int kProfileSteps = 12;
+
+// One row of the sparse breakdown table: profiled eager decode steps (`step` runs one over the
+// batch), their phases, their selections replayed through Belady's replacement with the store's
+// cache slots, and the ideal step (`hbm_seconds` of HBM reads plus Belady's fetches at the link
+// rate) against the graph run's `measured_step`.
+std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFactory& factory,
+                             const spin::AttentionSettings& settings, int64_t capacity,
+                             const std::function<void()>& step, double measured_step, double hbm_seconds,
+                             double link_bandwidth, int64_t batch, int64_t context, bool cuda_graphs) {
+  model.set_cuda_graphs(false);
+  factory.set_step_profiling(true);
+  spin::kv::SelectionTrace trace;
+  spin::SparseStepProfile phases;
+  std::vector<double> eager_seconds;
+  spin::KvStoreUsage counted_from;
+  size_t most_selected = 0;
+  for (int s = 0; s < kProfileWarmSteps + kProfileSteps; ++s) {
+    if (s == kProfileWarmSteps) counted_from = factory.usage().value_or(spin::KvStoreUsage{});
+    const auto start = clock_type::now();
+    step();
+    const double seconds = seconds_since(start);
+    const spin::SparseStepProfile p = factory.last_step_profile();
+    for (size_t l = 0; l < p.selected.size(); ++l) {
+      for (size_t i = 0; i < p.selected[l].size(); ++i) {
+        const std::vector<uint32_t> pages(p.selected[l][i].begin(), p.selected[l][i].end());
+        trace.add(static_cast<uint64_t>(s), static_cast<uint32_t>(i / static_cast<size_t>(p.kv_heads)),
+                  static_cast<uint32_t>(l), static_cast<uint32_t>(i % static_cast<size_t>(p.kv_heads)), pages);
+        most_selected = std::max(most_selected, pages.size());
+      }
+    }
+    if (s < kProfileWarmSteps) continue;
+    eager_seconds.push_back(seconds);
+    phases.score_ms += p.score_ms / kProfileSteps;
+    phases.select_ms += p.select_ms / kProfileSteps;
+    phases.retrieve_ms += p.retrieve_ms / kProfileSteps;
+    phases.attention_ms += p.attention_ms / kProfileSteps;
+  }
+  factory.set_step_profiling(false);
+  model.set_cuda_graphs(cuda_graphs);
+  const spin::KvStoreUsage end = factory.usage().value_or(spin::KvStoreUsage{});
+  const auto hits = static_cast<double>(end.hits - counted_from.hits);
+  const auto misses = static_cast<double>(end.misses - counted_from.misses);
+  const int64_t slots = factory.cache_slots(settings, capacity);
+  const spin::kv::ReplayResult belady =
+      spin::kv::replay_trace(trace, spin::kv::ReplacementPolicy::Belady,
+                             static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
+                             64, kProfileWarmSteps);
+  const double belady_bytes = static_cast<double>(belady.misses) * static_cast<double>(end.page_bytes) / kProfileSteps;
+  const double ideal = hbm_seconds + belady_bytes / link_bandwidth;
+  const double eager_ms = median(eager_seconds) * 1e3;
+  const double rest = eager_ms - phases.score_ms - phases.select_ms - phases.retrieve_ms - phases.attention_ms;
+  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
+                     batch, context, eager_ms, phases.score_ms, phases.select_ms, phases.retrieve_ms,
+                     phases.attention_ms, rest, hits + misses > 0 ? hits / (hits + misses) : 0.0, belady.hit_rate(),
+                     ideal * 1e3, measured_step / ideal);
+}
+
 // One bulk copy of 256 MiB from pinned host memory: the rate Retrieve's misses cannot beat.
 double host_to_device_bandwidth(int repeats) {
   const size_t bytes = size_t{256} << 20;
@@ -339,6 +404,7 @@ void run_cuda(const BenchArgs& a) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
   std::vector<float> logits;
+  std::vector<std::string> breakdown_rows;  // sparse, one GPU: where the step's time goes
   for (int64_t n : a.prefill_lengths) {
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int32_t& t : prompt) t = token(rng);
@@ -431,6 +497,11 @@ void run_cuda(const BenchArgs& a) {
                     static_cast<long long>(context), batch / step, step * 1e3, hit_rate.c_str(), retrieved / 1e9,
                     hbm / 1e9, bound * 1e3, 100.0 * bound / step);
         std::fflush(stdout);
+        if (world == 1 && a.sparse_algorithm != "dense-offload") {
+          breakdown_rows.push_back(sparse_breakdown(*ranks.front(), *rank_factories.front(), settings, capacity,
+                                                    [&] { decode_step(0, batch); }, step, hbm / bandwidth,
+                                                    link_bandwidth, batch, context, a.cuda_graphs));
+        }
         continue;
       }
       const double mean_context = static_cast<double>(context) + 2.0 + a.decode_tokens * (a.repeats / 2.0);
@@ -442,6 +513,75 @@ void run_cuda(const BenchArgs& a) {
                   100.0 * (batch / step) / bound);
       std::fflush(stdout);
     }
+  }
+  if (a.compare_sampling && !sparse && world == 1) {
+    // The same decode steps with the next tokens drawn on the host (logits downloaded, the engine's
+    // Sampler per row) and on the GPU (forward_sampled: token ids downloaded).
+    std::printf("\nDrawing the next tokens (decode, context %lld, medians of %d x %lld steps): ms per step\n\n",
+                static_cast<long long>(a.decode_contexts.front()), a.repeats, static_cast<long long>(a.decode_tokens));
+    std::printf("| batch | greedy, host | greedy, GPU | host / GPU | T=1 top-p 0.9, host | T=1 top-p 0.9, GPU | host / GPU |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
+    for (int64_t batch : a.batches) {
+      const int64_t context = a.decode_contexts.front();
+      const int64_t capacity = context + 4 * a.decode_tokens * (a.repeats + 2) + 8;
+      std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
+      for (int64_t b = 0; b < batch; ++b) {
+        seqs.push_back(create_kv(capacity));
+        append_uncomputed(*seqs.back(), context);
+      }
+      std::vector<int32_t> ids(static_cast<size_t>(batch));
+      std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
+      std::vector<int32_t> drawn;
+      std::string row = fmt::format("| {} ", batch);
+      for (const float temperature : {0.0f, 1.0f}) {
+        const spin::SamplingParams params{.temperature = temperature, .top_p = temperature > 0.0f ? 0.9f : 1.0f,
+                                          .seed = 1};
+        std::vector<spin::Sampler> samplers(static_cast<size_t>(batch), spin::Sampler(params));
+        const std::vector<spin::DeviceSampling> device(
+            static_cast<size_t>(batch),
+            spin::DeviceSampling{.temperature = params.temperature, .top_p = params.top_p, .seed = 1});
+        auto step = [&](bool on_device) {
+          for (int64_t b = 0; b < batch; ++b) {
+            chunks[b] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
+          }
+          if (on_device) {
+            model->forward_sampled(chunks, device, c.vocab_size, false, logits, drawn);
+            std::copy(drawn.begin(), drawn.end(), ids.begin());
+            return;
+          }
+          model->forward(chunks, false, logits);
+          for (int64_t b = 0; b < batch; ++b) {
+            ids[b] = samplers[b].sample(std::span<const float>(logits).subspan(b * c.vocab_size, c.vocab_size));
+          }
+        };
+        double ms[2] = {0.0, 0.0};
+        for (const bool on_device : {false, true}) {
+          step(on_device);  // eager, then the graph's capture
+          step(on_device);
+          std::vector<double> seconds;
+          for (int r = 0; r < a.repeats; ++r) {
+            const auto t = clock_type::now();
+            for (int64_t i = 0; i < a.decode_tokens; ++i) step(on_device);
+            seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
+          }
+          ms[on_device ? 1 : 0] = median(seconds) * 1e3;
+        }
+        row += fmt::format("| {:.2f} | {:.2f} | {:.2f} ", ms[0], ms[1], ms[0] / ms[1]);
+      }
+      std::printf("%s|\n", row.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!breakdown_rows.empty()) {
+    std::printf("\nWhere a sparse step's time goes: %d eager steps (CUDA graphs off) with events between the "
+                "phases of each sparse layer, summed over layers; the first %d fill the caches and are not "
+                "counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
+                "(same trace, same cache slots) at the bulk host-to-device rate.\n\n",
+                kProfileWarmSteps + kProfileSteps, kProfileWarmSteps);
+    std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | attention ms | rest ms "
+                "| hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   const spin::CudaModel::Stats s = ranks.front()->stats();
   std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps include the logits' "
@@ -468,6 +608,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
   app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_flag("--compare-sampling", a.compare_sampling,
+               "cuda, dense, one GPU: also time decode steps that draw the next tokens on the host vs on the GPU");
   app.add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
                  "cuda: split the model over GPUs 0..N-1 (dummy weights: each rank fills its shard on its GPU)")
       ->capture_default_str();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <random>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
@@ -20,6 +22,7 @@ struct Engine::Request {
   RequestParams params;
   OutputCallback on_output;
   Sampler sampler;
+  uint64_t seed = 0;  // of its draws on a model's device (the request's seed, else a random one)
   StopMatcher stops;
   std::optional<StreamDecoder> decoder;
   std::unique_ptr<SequenceKv> kv;
@@ -36,7 +39,11 @@ struct Engine::Request {
   clock::time_point last_token;
 
   Request(const RequestParams& p, OutputCallback cb)
-      : params(p), on_output(std::move(cb)), sampler(p.sampling), stops(p.stop) {}
+      : params(p),
+        on_output(std::move(cb)),
+        sampler(p.sampling),
+        seed(p.sampling.seed ? *p.sampling.seed : std::random_device{}()),
+        stops(p.stop) {}
 };
 
 TokenLogprob token_logprob(std::span<const float> logits, int32_t id, int top_n) {
@@ -458,9 +465,11 @@ void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
   }
 }
 
-void Engine::sample_next(Request& r, std::span<const float> all_logits, RequestOutput& out) {
-  const std::span<const float> logits = all_logits.first(sampleable_vocab_);
-  const int32_t id = r.sampler.sample(logits);
+void Engine::sample_next(Request& r, std::span<const float> all_logits, std::optional<int32_t> drawn,
+                         RequestOutput& out) {
+  const std::span<const float> logits =
+      all_logits.empty() ? all_logits : all_logits.first(static_cast<size_t>(sampleable_vocab_));
+  const int32_t id = drawn ? *drawn : r.sampler.sample(logits);
   ++r.n_sampled;
   const auto now = clock::now();
   {
@@ -601,8 +610,30 @@ StepReport Engine::step() {
       report.chunks.push_back(ScheduledChunk{r->id, r->computed, n, samples});
       report.n_tokens += n;
     }
+    // A model that draws on its device gets each request's sampling rule; it downloads the logits
+    // only when a request wants logprobs.
+    const bool on_device = model_.samples_on_device();
+    bool want_logits = false;
+    std::vector<DeviceSampling> sampling;
+    if (on_device) {
+      for (size_t i = 0; i < scheduled.size(); ++i) {
+        const Request& r = *scheduled[i].first;
+        const SamplingParams& p = r.params.sampling;
+        sampling.push_back(DeviceSampling{.temperature = p.temperature,
+                                          .top_k = p.top_k,
+                                          .top_p = p.top_p,
+                                          .min_p = p.min_p,
+                                          .seed = r.seed,
+                                          .step = static_cast<uint64_t>(r.n_sampled)});
+        want_logits |= report.chunks[i].samples && r.params.top_logprobs >= 0;
+      }
+    }
     try {
-      model_.forward(chunks, false, logits_);
+      if (on_device) {
+        model_.forward_sampled(chunks, sampling, sampleable_vocab_, want_logits, logits_, drawn_);
+      } else {
+        model_.forward(chunks, false, logits_);
+      }
     } catch (const kv::PoolExhausted& e) {
       // The paged store ran out inside the forward: an algorithm kept more pages than the
       // admission bound allows for (its unbudgeted pages). Every request of this step now holds
@@ -637,7 +668,9 @@ StepReport Engine::step() {
       r.computed += scheduled[i].second;
       if (!report.chunks[i].samples) continue;
       RequestOutput out;
-      sample_next(r, std::span<const float>(logits_.data() + i * vocab, vocab), out);
+      const std::span<const float> logits =
+          !on_device || want_logits ? std::span<const float>(logits_.data() + i * vocab, vocab) : std::span<const float>();
+      sample_next(r, logits, on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {
         outputs.emplace_back(std::move(r.on_output), std::move(out));
         requests_.erase(r.id);

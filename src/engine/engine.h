@@ -211,7 +211,9 @@ class Engine {
   void preempt(Request& r, bool swap);
   bool drop_swapped();
   void finish(Request& r, const std::string& reason, RequestOutput& out);
-  void sample_next(Request& r, std::span<const float> logits, RequestOutput& out);
+  // Appends r's next token: `drawn` where the model drew it on its device, else sampled here from
+  // the logits (which also give its logprobs when asked for).
+  void sample_next(Request& r, std::span<const float> logits, std::optional<int32_t> drawn, RequestOutput& out);
   void end_all(const std::string& reason, const std::string& error);
   void update_gauges();
   void loop();
@@ -233,6 +235,7 @@ class Engine {
   std::vector<Request*> running_;  // ascending id (arrival order)
   std::deque<Request*> waiting_;   // ascending id
   std::vector<float> logits_;
+  std::vector<int32_t> drawn_;  // tokens the model drew on its device this step (samples_on_device)
 
   // Shared with other threads.
   mutable std::mutex mutex_;

@@ -36,7 +36,7 @@ std::vector<uint32_t> local_steps(const SelectionTrace& trace) {
 }  // namespace
 
 ReplayResult replay_trace(const SelectionTrace& trace, ReplacementPolicy policy,
-                          uint32_t buffer_pages, uint32_t lru_buckets) {
+                          uint32_t buffer_pages, uint32_t lru_buckets, uint32_t warm_steps) {
   const std::vector<uint32_t> local = local_steps(trace);
   std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::vector<uint32_t>> streams;
   for (uint32_t i = 0; i < trace.records.size(); ++i) {
@@ -67,7 +67,9 @@ ReplayResult replay_trace(const SelectionTrace& trace, ReplacementPolicy policy,
       needed.assign(pages.begin(), pages.end());
       std::sort(needed.begin(), needed.end());
       needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
-      for (uint32_t p : needed) (resident.count(p) ? result.hits : result.misses) += 1;
+      if (now > warm_steps) {  // local steps count from 1
+        for (uint32_t p : needed) (resident.count(p) ? result.hits : result.misses) += 1;
+      }
       // Evict among the pages this step does not need.
       candidates.clear();
       std::vector<std::pair<uint64_t, uint32_t>> by_next_use;

@@ -20,7 +20,8 @@ struct ReplayResult {
   }
 };
 
+// The first `warm_steps` steps of each request fill its caches and are not counted.
 ReplayResult replay_trace(const SelectionTrace& trace, ReplacementPolicy policy,
-                          uint32_t buffer_pages, uint32_t lru_buckets = 64);
+                          uint32_t buffer_pages, uint32_t lru_buckets = 64, uint32_t warm_steps = 0);
 
 }  // namespace spin::kv

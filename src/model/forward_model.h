@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "base/error.h"
 #include "model/attention.h"
 #include "model/config.h"
 
@@ -17,6 +18,19 @@ struct SequenceChunk {
   SequenceKv* attention = nullptr;  // made by the factory that goes with this model
 };
 
+// How one chunk's next token is drawn on the model's device: the rules of the engine's Sampler
+// (temperature 0 = greedy, lowest index among equal maxima; else top-k, min-p and top-p on the
+// tempered distribution), with a counter-based random draw keyed by (seed, step), so a token
+// depends on its own request only, never on the batch it ran in.
+struct DeviceSampling {
+  float temperature = 0.0f;
+  int top_k = 0;       // 0 = off
+  float top_p = 1.0f;  // 1 = off
+  float min_p = 0.0f;  // 0 = off
+  uint64_t seed = 0;
+  uint64_t step = 0;   // tokens this request has drawn before
+};
+
 class ForwardModel {
  public:
   virtual ~ForwardModel() = default;
@@ -25,6 +39,15 @@ class ForwardModel {
   // Runs all chunks as one batch. logits: [rows, vocab], one row per token of every chunk when
   // all_logits, else one row per chunk (its last token). Not thread-safe: one caller at a time.
   virtual void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) = 0;
+  // Models whose logits live on a device can draw the next tokens there, so a step moves token
+  // ids to the host instead of [chunks, vocab] logits.
+  virtual bool samples_on_device() const { return false; }
+  // forward(chunks, false, logits), then tokens[i] drawn by sampling[i] from the first `vocab`
+  // logits of chunk i; `logits` is filled only when want_logits. Only where samples_on_device().
+  virtual void forward_sampled(std::span<const SequenceChunk>, std::span<const DeviceSampling>, int64_t, bool,
+                               std::vector<float>&, std::vector<int32_t>&) {
+    fail("this model draws tokens on the host (samples_on_device() is false)");
+  }
 };
 
 }  // namespace spin

@@ -195,6 +195,25 @@ TEST(KvReplacementOracle, BeladyBeatsLruOnCyclicScans) {
   }
 }
 
+TEST(KvReplacementOracle, WarmStepsFillTheCacheWithoutBeingCounted) {
+  // Two requests: steps 0-1 of each warm the cache; from then on only their steps count.
+  SelectionTrace t;
+  for (uint32_t request : {0u, 1u}) {
+    t.add(10, request, 0, 0, std::vector<uint32_t>{1, 2});
+    t.add(11, request, 0, 0, std::vector<uint32_t>{2, 3});
+    t.add(12, request, 0, 0, std::vector<uint32_t>{1, 3});  // both hit: 1 stayed in the buffer
+    t.add(13, request, 0, 0, std::vector<uint32_t>{4});     // a miss
+  }
+  for (ReplacementPolicy policy : {ReplacementPolicy::ExactLru, ReplacementPolicy::Belady}) {
+    const ReplayResult all = replay_trace(t, policy, 1);
+    EXPECT_EQ(all.misses, 2u * 4u);
+    EXPECT_EQ(all.hits, 2u * 3u);
+    const ReplayResult warm = replay_trace(t, policy, 1, 64, 2);
+    EXPECT_EQ(warm.misses, 2u * 1u);
+    EXPECT_EQ(warm.hits, 2u * 2u);
+  }
+}
+
 TEST(KvSelectionTrace, RoundTripsAndRejectsDamagedFiles) {
   const SelectionTrace t = locality_trace(2, 2, 20);
   const auto dir = std::filesystem::temp_directory_path();

@@ -8,7 +8,8 @@
 //
 // Also: device-made dummy weights equal host dummy weights; greedy decoding agrees with the CPU for
 // 32 steps; CUDA graphs on and off give bit-identical logits; the Engine on the GPU gives every
-// request the tokens it gets alone; foreign KV handles and impossible requests are spin::Errors.
+// request the tokens it gets alone, and draws them on the GPU as the host Sampler would (greedy) or
+// reproducibly by seed; foreign KV handles and impossible requests are spin::Errors.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -279,6 +281,96 @@ TEST_F(CudaModelTest, EngineGivesEachRequestItsTokensAlone) {
     EXPECT_EQ(squeezed[i].tokens, alone[i].tokens) << "request " << i << " with preemption";
     EXPECT_LE(max_logprob_difference(squeezed[i], alone[i]), 0.15) << "request " << i << " with preemption";
   }
+}
+
+// The same CUDA model, drawing its tokens on the host from downloaded logits (the CPU Sampler).
+class HostSampled final : public ForwardModel {
+ public:
+  explicit HostSampled(CudaModel& model) : model_(model) {}
+  const ModelConfig& config() const override { return model_.config(); }
+  AttentionShape attention_shape() const override { return model_.attention_shape(); }
+  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override {
+    model_.forward(chunks, all_logits, logits);
+  }
+
+ private:
+  CudaModel& model_;
+};
+
+// Runs the prompts through an Engine with these sampling settings; returns each request's tokens
+// and logprobs.
+std::vector<EngineRun> run_sampled(ForwardModel& model, std::unique_ptr<AttentionFactory> factory,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::vector<RequestParams>& params) {
+  EngineConfig config;
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = 512;
+  Engine engine(model, nullptr, config, std::move(factory));
+  std::vector<EngineRun> out(prompts.size());
+  std::map<uint64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const uint64_t id = engine.add_request(prompts[i], params[i], [&out, &index](const RequestOutput& o) {
+      EngineRun& run = out[index.at(o.request_id)];
+      run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      run.logprobs.insert(run.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    });
+    index[id] = i;
+  }
+  while (engine.has_work()) engine.step();
+  return out;
+}
+
+// The Engine on the CUDA model draws tokens on the GPU: greedy tokens are the host Sampler's from
+// the same logits; seeded draws repeat exactly, depend on the seed, and leave the greedy path; a
+// request that wants logprobs beside ones that do not gets them for the token drawn.
+TEST_F(CudaModelTest, EngineDrawsTokensOnTheDevice) {
+  const ModelConfig c = small_config(true);
+  const ModelWeights w = bf16_weights(c, 9);
+  CudaModel model(w, CudaModelOptions{});
+  HostSampled host(model);
+  ASSERT_TRUE(model.samples_on_device());
+  ASSERT_FALSE(host.samples_on_device());
+  const auto prompts = random_prompts(rng, c.vocab_size, {40, 7, 90});
+  const auto kv = [&] { return make_factory(model, 16, pages_for(c, 16, 8 * 512), 8, 512); };
+  RequestParams greedy;
+  greedy.max_tokens = 24;
+  greedy.ignore_eos = true;
+  greedy.sampling.temperature = 0.0f;
+  const std::vector<RequestParams> all_greedy(prompts.size(), greedy);
+  const auto on_device = run_sampled(model, kv(), prompts, all_greedy);
+  const auto on_host = run_sampled(host, kv(), prompts, all_greedy);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(on_device[i].tokens.size(), 24u) << "request " << i;
+    EXPECT_EQ(on_device[i].tokens, on_host[i].tokens) << "request " << i << ": device argmax != host argmax";
+  }
+
+  std::vector<RequestParams> drawn(prompts.size(), greedy);
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    drawn[i].sampling.temperature = 1.0f;
+    drawn[i].sampling.top_k = i == 1 ? 40 : 0;
+    drawn[i].sampling.top_p = i == 2 ? 0.9f : 1.0f;
+    drawn[i].sampling.seed = 100 + i;
+  }
+  drawn[0].top_logprobs = 3;  // logits come down for this one only
+  const auto first = run_sampled(model, kv(), prompts, drawn);
+  const auto again = run_sampled(model, kv(), prompts, drawn);
+  std::vector<RequestParams> reseeded = drawn;
+  for (RequestParams& p : reseeded) *p.sampling.seed += 1000;
+  const auto other_seed = run_sampled(model, kv(), prompts, reseeded);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(first[i].tokens.size(), 24u) << "request " << i;
+    EXPECT_EQ(first[i].tokens, again[i].tokens) << "request " << i << ": a seeded rerun differs";
+    EXPECT_NE(first[i].tokens, other_seed[i].tokens) << "request " << i << ": the seed changed nothing";
+    EXPECT_NE(first[i].tokens, on_device[i].tokens) << "request " << i << ": temperature 1 drew the greedy tokens";
+  }
+  ASSERT_EQ(first[0].logprobs.size(), first[0].tokens.size());
+  for (size_t t = 0; t < first[0].tokens.size(); ++t) {
+    EXPECT_EQ(first[0].logprobs[t].id, first[0].tokens[t]) << "token " << t;
+    EXPECT_TRUE(std::isfinite(first[0].logprobs[t].logprob) && first[0].logprobs[t].logprob <= 0.0f) << "token " << t;
+    EXPECT_EQ(first[0].logprobs[t].top.size(), 3u) << "token " << t;
+  }
+  EXPECT_TRUE(first[1].logprobs.empty());
 }
 
 // Handles from the wrong factory, mixed stores, unsupported algorithms, gaps and a full pool are

@@ -154,6 +154,8 @@ class CudaKvStore final : public DeviceAttention {
   void randomize_device_pages(uint64_t seed);
   KvStoreUsage usage() const;
   KvDemand capacity() const;
+  void set_step_profiling(bool on);
+  SparseStepProfile last_step_profile() const;
   std::atomic<int64_t> live_sequences{0};
 
  private:
@@ -284,6 +286,14 @@ class CudaKvStore final : public DeviceAttention {
   cudaEvent_t upload_done_ = nullptr;
   uint64_t epoch_ = 0;
   Step step_;
+
+  // Benchmarks (set_step_profiling): 5 events per sparse layer around its phases, each layer's
+  // selection copied to the host, and the step's counts and offsets into it.
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> profile_events_;
+  PinnedBuffer<int32_t> profile_selected_;
+  std::vector<int32_t> profile_counts_, profile_offsets_;
+  int64_t profile_entries_ = 0;  // entries of the selection per layer this step
 };
 
 class CudaSequenceKv final : public DeviceSequenceKv {
@@ -497,6 +507,7 @@ CudaKvStore::~CudaKvStore() {
   // The last handle may go on any thread (the engine's): free on this store's GPU.
   cudaSetDevice(device_);
   if (upload_done_) cudaEventDestroy(upload_done_);
+  for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
   if (host_) cudaFreeHost(host_);
 }
 
@@ -613,6 +624,42 @@ KvStoreUsage CudaKvStore::usage() const {
     }
   }
   return u;
+}
+
+void CudaKvStore::set_step_profiling(bool on) {
+  cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  profiling_ = on;
+  profile_counts_.clear();
+  const auto events = static_cast<size_t>(5 * (shape_.n_layers - dense_layers_));
+  while (on && profile_events_.size() < events) {
+    cudaEvent_t e = nullptr;
+    cuda_check(cudaEventCreate(&e), "profile event creation");
+    profile_events_.push_back(e);
+  }
+}
+
+SparseStepProfile CudaKvStore::last_step_profile() const {
+  SPIN_CHECK(!profile_counts_.empty(), "no profiled sparse decode step to report (set_step_profiling, then a step)");
+  cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  cuda_check(cudaEventSynchronize(profile_events_.back()), "profiled step");
+  SparseStepProfile out;
+  out.kv_heads = shape_.n_kv_heads;
+  double* phases[4] = {&out.score_ms, &out.select_ms, &out.retrieve_ms, &out.attention_ms};
+  const int64_t layers = shape_.n_layers - dense_layers_;
+  for (int64_t l = 0; l < layers; ++l) {
+    const cudaEvent_t* e = profile_events_.data() + 5 * l;
+    for (int k = 0; k < 4; ++k) {
+      float ms = 0.0f;
+      cuda_check(cudaEventElapsedTime(&ms, e[k], e[k + 1]), "profile event time");
+      *phases[k] += ms;
+    }
+    std::vector<std::vector<int32_t>>& layer = out.selected.emplace_back();
+    const int32_t* selected = profile_selected_.get() + l * profile_entries_;
+    for (size_t i = 0; i < profile_counts_.size(); ++i) {
+      layer.emplace_back(selected + profile_offsets_[i], selected + profile_offsets_[i] + profile_counts_[i]);
+    }
+  }
+  return out;
 }
 
 cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t bucket) const {
@@ -1055,6 +1102,14 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   std::copy(seer_transitions.dst.begin(), seer_transitions.dst.end(), t + at_seer_transition_dst);
   std::copy(seer_transitions.page.begin(), seer_transitions.page.end(), t + at_seer_transition_page);
 
+  profile_counts_.clear();
+  if (profiling_ && (quest_decode || seer_decode)) {
+    profile_counts_.assign(t + at_counts, t + at_counts + items);
+    profile_offsets_.assign(t + at_needed_offsets, t + at_needed_offsets + items);
+    profile_entries_ = needed_entries;
+    profile_selected_.reserve(static_cast<size_t>(std::max<int64_t>(1, (shape_.n_layers - dense_layers_) * needed_entries)));
+  }
+
   // Upload what this step filled: the fixed block, then each list's used part.
   const auto upload = [&](int64_t at, int64_t count) {
     if (count <= 0) return;
@@ -1175,7 +1230,13 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
                                  q_bytes, static_cast<size_t>(step_.decode_rows), cudaMemcpyDeviceToDevice, stream),
                "decode query copy");
     const int decode_rows = static_cast<int>(step_.decode_rows);
+    const bool profiled = !profile_counts_.empty() && step_.sparse_decode && !dense_layer;
+    cudaEvent_t* events = profiled ? profile_events_.data() + 5 * (layer - dense_layers_) : nullptr;
+    const auto mark = [&](int phase) {
+      if (events) cuda_check(cudaEventRecord(events[phase], stream), "profile event");
+    };
     if (step_.sparse_decode && !dense_layer) {
+      mark(0);
       bf16* summaries = summaries_.get() + summary_layer_offset(layer);
       if (step_.quest_decode) {
         cuda::QuestIndexParams index;
@@ -1229,6 +1290,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         score.scores = scores_.get();
         cuda_check(cuda::seer_score_pages(score, stream), "Seer scores");
       }
+      mark(1);
       cuda::SelectTopParams select;
       select.scores = scores_.get();
       select.max_candidates = step_.max_candidates;
@@ -1240,6 +1302,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       select.num_kv_heads = heads;
       select.out_pages = step_.needed;
       cuda_check(cuda::select_top_pages(select, stream), "top-page select");
+      mark(2);
       cuda::PageCacheParams cache;
       cache.num_seqs = decode_rows;
       cache.num_kv_heads = heads;
@@ -1270,6 +1333,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
                    "KV cache error flag");
       }
     }
+    mark(3);
     cuda::PagedDecodeParams p = decode_params(step_.decode_rows, step_.context_bucket);
     p.kv_pool = pool;
     if (has_host_tier()) p.host_pool = host_device_ + host_layer_offset(layer);  // dense-offload's pages
@@ -1280,6 +1344,13 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     }
     cuda_check(cuda::paged_decode_attention(p, out, workspace_.get(), workspace_.bytes(), stream),
                "paged decode attention");
+    mark(4);
+    if (profiled && profile_entries_ > 0) {
+      cuda_check(cudaMemcpyAsync(profile_selected_.get() + (layer - dense_layers_) * profile_entries_, step_.needed,
+                                 static_cast<size_t>(profile_entries_) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                 stream),
+                 "profile selection copy");
+    }
   }
   if (step_.prefill_seqs > 0) {
     cuda::PagedPrefillParams p;
@@ -1387,6 +1458,14 @@ int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& se
   const int64_t device_pages = plan.attended - (offload ? int64_t{plan.window.candidates()} : 0);
   return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * device_pages * shape_.n_kv_heads;
 }
+
+int64_t CudaPagedAttentionFactory::cache_slots(const AttentionSettings& settings, int64_t max_tokens) const {
+  return store_->cache_slots(store_->resolve_sparse(settings), max_tokens);
+}
+
+void CudaPagedAttentionFactory::set_step_profiling(bool on) { store_->set_step_profiling(on); }
+
+SparseStepProfile CudaPagedAttentionFactory::last_step_profile() const { return store_->last_step_profile(); }
 
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
 

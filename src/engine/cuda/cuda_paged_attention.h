@@ -41,6 +41,18 @@
 
 namespace spin {
 
+// Benchmarks: where the GPU time of one sparse decode step went, and what it selected.
+struct SparseStepProfile {
+  // GPU time summed over the sparse layers (events between the phases).
+  double score_ms = 0.0;      // Index of the page that filled, and the candidates' scores
+  double select_ms = 0.0;     // per-(row, KV head) top-k
+  double retrieve_ms = 0.0;   // cache check, gather of the misses from the host tier
+  double attention_ms = 0.0;  // decode attention of the sparse layers
+  int64_t kv_heads = 0;
+  // [sparse layer][decode row * kv_heads + KV head]: the logical pages it selected, ascending.
+  std::vector<std::vector<std::vector<int32_t>>> selected;
+};
+
 struct CudaPagedKvConfig {
   int device = 0;
   int64_t page_size = 16;    // tokens per page: a multiple of 8 in [8, 64]
@@ -100,6 +112,13 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   // the first dense layers; in the others, sinks, selection (Quest) and window. dense-offload
   // reads the rest of its pages from the host tier.
   int64_t decode_pages_read(const AttentionSettings& settings, int64_t tokens) const;
+  // Cache slots per (sparse layer, KV head) of a sequence with these settings and capacity.
+  int64_t cache_slots(const AttentionSettings& settings, int64_t max_tokens) const;
+  // Benchmarks: while on, every decode step that selects pages records its SparseStepProfile. Its
+  // events and copies cannot be captured: run those steps with CUDA graphs off. Read a step's
+  // profile after its outputs reached the host, before the next step.
+  void set_step_profiling(bool on);
+  SparseStepProfile last_step_profile() const;
 
  private:
   AttentionShape shape_;

@@ -244,6 +244,66 @@ void CudaModel::drop_graphs() {
 }
 
 void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) {
+  const int64_t out_rows = enqueue_step(chunks, all_logits);
+  try {
+    logits.resize(static_cast<size_t>(out_rows * config_.vocab_size));
+    cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                               stream_),
+               "logits download");
+    cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    throw;
+  }
+}
+
+void CudaModel::forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling,
+                                int64_t vocab, bool want_logits, std::vector<float>& logits,
+                                std::vector<int32_t>& tokens) {
+  SPIN_CHECK(sampling.size() == chunks.size(), "forward_sampled: {} sampling rows for {} chunks", sampling.size(),
+             chunks.size());
+  SPIN_CHECK(vocab > 0 && vocab <= config_.vocab_size, "forward_sampled: {} sampleable logits of {}", vocab,
+             config_.vocab_size);
+  const int64_t rows = enqueue_step(chunks, false);
+  try {
+    const auto n = static_cast<size_t>(rows);
+    sampling_rows_.reserve(n, "sampling parameters");
+    sampling_rows_host_.reserve(n);
+    sampled_.reserve(n, "sampled tokens");
+    sampled_host_.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      const DeviceSampling& d = sampling[i];
+      sampling_rows_host_[i] = cuda::SamplingRow{.temperature = d.temperature,
+                                                 .top_k = d.top_k,
+                                                 .top_p = d.top_p,
+                                                 .min_p = d.min_p,
+                                                 .seed = d.seed,
+                                                 .step = d.step};
+    }
+    cuda_check(cudaMemcpyAsync(sampling_rows_.get(), sampling_rows_host_.get(), n * sizeof(cuda::SamplingRow),
+                               cudaMemcpyHostToDevice, stream_),
+               "sampling parameters upload");
+    cuda_check(cuda::sample_tokens(logits_.get(), rows, vocab, config_.vocab_size, sampling_rows_.get(), sampled_.get(),
+                                   nullptr, 0, stream_),
+               "token sampling");
+    cuda_check(cudaMemcpyAsync(sampled_host_.get(), sampled_.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                               stream_),
+               "sampled tokens download");
+    if (want_logits) {
+      logits.resize(n * static_cast<size_t>(config_.vocab_size));
+      cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                 stream_),
+                 "logits download");
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+    tokens.assign(sampled_host_.get(), sampled_host_.get() + n);
+  } catch (...) {
+    cudaStreamSynchronize(stream_);
+    throw;
+  }
+}
+
+int64_t CudaModel::enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits) {
   SPIN_CHECK(!chunks.empty(), "forward: no chunks");
   cuda_check(cudaSetDevice(options_.device), "cudaSetDevice");
 
@@ -327,16 +387,12 @@ void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, 
       enqueue_forward(*attention, rows, logit_rows);
       ++stats_.eager_steps;
     }
-    logits.resize(static_cast<size_t>(out_rows * config_.vocab_size));
-    cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                               stream_),
-               "logits download");
-    cuda_check(cudaStreamSynchronize(stream_), "forward pass");
   } catch (...) {
     // Pinned inputs are rewritten next step: let whatever was enqueued finish first.
     cudaStreamSynchronize(stream_);
     throw;
   }
+  return out_rows;
 }
 
 void CudaModel::run_graph(const GraphKey& key, DeviceAttention& attention, int64_t rows, int64_t logit_rows) {

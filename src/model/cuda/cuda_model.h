@@ -27,6 +27,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/cuda/sampling.h"
 #include "model/cuda/device_buffer.h"
 #include "model/cuda/gemm.h"
 #include "model/device_attention.h"
@@ -80,6 +81,11 @@ class CudaModel final : public ForwardModel {
   AttentionShape attention_shape() const override;
   // chunks' attention must be DeviceSequenceKv of one store (spin::Error otherwise).
   void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
+  // Draws the next tokens on the GPU (kernels/cuda/sampling.h): a step downloads token ids, and
+  // its logits only when asked for.
+  bool samples_on_device() const override { return true; }
+  void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
+                       bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
 
   struct Stats {
     int64_t eager_steps = 0;
@@ -87,6 +93,9 @@ class CudaModel final : public ForwardModel {
     int64_t graph_replays = 0;
   };
   Stats stats() const { return stats_; }
+  // Benchmarks: turns CUDA graphs off or back on for the steps that follow (a step that records
+  // events or copies inside its attention must run eagerly).
+  void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
   // Device bytes of the weights (what a decode step reads besides the KV).
   int64_t weight_bytes() const { return weight_bytes_; }
   // The decode batch a step of n single-token chunks runs at.
@@ -104,6 +113,9 @@ class CudaModel final : public ForwardModel {
   void allocate_weights();
   void finish_setup();
   void reserve_activations(int64_t rows, int64_t logit_rows);
+  // Enqueues one step's forward (its graph or its kernels) and returns its logit rows (one per
+  // chunk, or per token when all_logits), in chunk order in logits_.
+  int64_t enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits);
   // Enqueues the whole forward for `rows` rows whose inputs were uploaded: embeddings, layers,
   // final norm, the gather of `logit_rows` rows and the LM head.
   void enqueue_forward(DeviceAttention& attention, int64_t rows, int64_t logit_rows);
@@ -131,6 +143,11 @@ class CudaModel final : public ForwardModel {
   int64_t row_capacity_ = 0, logit_row_capacity_ = 0;
   DeviceBuffer<__nv_bfloat16> x_, h_, qkv_, attn_, proj_, gate_up_, act_, logit_inputs_;
   DeviceBuffer<float> logits_;
+  // Device sampling: per-row parameters and drawn tokens, and their pinned host copies.
+  DeviceBuffer<cuda::SamplingRow> sampling_rows_;
+  PinnedBuffer<cuda::SamplingRow> sampling_rows_host_;
+  DeviceBuffer<int32_t> sampled_;
+  PinnedBuffer<int32_t> sampled_host_;
   // Per-step inputs, one upload: token ids [rows], positions [rows], logit row indices.
   DeviceBuffer<int32_t> step_inputs_;
   PinnedBuffer<int32_t> step_inputs_host_;
