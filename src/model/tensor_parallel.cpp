@@ -185,6 +185,7 @@ TensorParallelModel::TensorParallelModel(const ModelConfig& config, int world, c
   }
   rank_chunks_.resize(static_cast<size_t>(world));
   rank_logits_.resize(static_cast<size_t>(world));
+  rank_tokens_.resize(static_cast<size_t>(world));
 }
 
 TensorParallelModel::~TensorParallelModel() { destroy_ranks(); }
@@ -200,8 +201,7 @@ AttentionShape TensorParallelModel::attention_shape() const {
   return s;
 }
 
-void TensorParallelModel::forward(std::span<const SequenceChunk> chunks, bool all_logits,
-                                  std::vector<float>& logits) {
+void TensorParallelModel::split_chunks(std::span<const SequenceChunk> chunks) {
   const int world = world_size();
   for (auto& rc : rank_chunks_) rc.clear();
   for (const SequenceChunk& chunk : chunks) {
@@ -215,9 +215,29 @@ void TensorParallelModel::forward(std::span<const SequenceChunk> chunks, bool al
       rank_chunks_[r].push_back(SequenceChunk{chunk.tokens, chunk.pos0, &kv->rank(r)});
     }
   }
+}
+
+void TensorParallelModel::forward(std::span<const SequenceChunk> chunks, bool all_logits,
+                                  std::vector<float>& logits) {
+  split_chunks(chunks);
   if (links_.reset) links_.reset();
   threads_.run([&](int r) { ranks_[r]->forward(rank_chunks_[r], all_logits, rank_logits_[r]); }, links_.abort);
   logits.swap(rank_logits_[0]);
+}
+
+void TensorParallelModel::forward_sampled(std::span<const SequenceChunk> chunks,
+                                          std::span<const DeviceSampling> sampling, int64_t vocab, bool want_logits,
+                                          std::vector<float>& logits, std::vector<int32_t>& tokens) {
+  split_chunks(chunks);
+  if (links_.reset) links_.reset();
+  threads_.run(
+      [&](int r) {
+        ranks_[r]->forward_sampled(rank_chunks_[r], sampling, vocab, want_logits && r == 0, rank_logits_[r],
+                                   rank_tokens_[r]);
+      },
+      links_.abort);
+  tokens.swap(rank_tokens_[0]);
+  if (want_logits) logits.swap(rank_logits_[0]);
 }
 
 namespace {

@@ -106,9 +106,16 @@ class TensorParallelModel final : public ForwardModel {
 
   // chunks' attention must be TensorParallelKv of this world size.
   void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
+  // Every rank computes the same logits (replicated LM head) and draws the same tokens with the
+  // same rule; rank 0's come back, and only rank 0 downloads logits when asked to.
+  bool samples_on_device() const override { return ranks_.front()->samples_on_device(); }
+  void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
+                       bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
 
  private:
   void destroy_ranks();
+  // Splits the chunks' KV handles into each rank's chunks (rank_chunks_).
+  void split_chunks(std::span<const SequenceChunk> chunks);
 
   ModelConfig config_;
   RankLinks links_;
@@ -117,6 +124,7 @@ class TensorParallelModel final : public ForwardModel {
   // The current forward's work.
   std::vector<std::vector<SequenceChunk>> rank_chunks_;
   std::vector<std::vector<float>> rank_logits_;
+  std::vector<std::vector<int32_t>> rank_tokens_;
 };
 
 // The CPU model over `world` ranks: Transformers over the shards of `weights` (copied; the caller
