@@ -129,8 +129,9 @@ def rates(path):
         return table
     for line in lines:
         cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        # The first table's rows: a later one (the sparse step breakdown) has the same keys.
         if len(cells) >= 3 and cells[0].isdigit() and cells[1].isdigit() and re.match(r'^[0-9.]+$', cells[2]):
-            table[(int(cells[0]), int(cells[1]))] = float(cells[2])
+            table.setdefault((int(cells[0]), int(cells[1])), float(cells[2]))
     return table
 modes = {}  # mode -> tp -> (batch, context) -> tok/s
 for path in sys.argv[1:]:
