@@ -14,6 +14,7 @@ KvDemand& KvDemand::operator+=(const KvDemand& o) {
   device_pages += o.device_pages;
   host_pages += o.host_pages;
   slots += o.slots;
+  dense_layer_pages += o.dense_layer_pages;
   return *this;
 }
 
@@ -22,16 +23,19 @@ KvDemand& KvDemand::operator-=(const KvDemand& o) {
   device_pages -= o.device_pages;
   host_pages -= o.host_pages;
   slots -= o.slots;
+  dense_layer_pages -= o.dense_layer_pages;
   return *this;
 }
 
 bool KvDemand::fits_within(const KvDemand& c) const {
-  return blocks <= c.blocks && device_pages <= c.device_pages && host_pages <= c.host_pages && slots <= c.slots;
+  return blocks <= c.blocks && device_pages <= c.device_pages && host_pages <= c.host_pages && slots <= c.slots &&
+         dense_layer_pages <= c.dense_layer_pages;
 }
 
 KvDemand max_of(const KvDemand& a, const KvDemand& b) {
   return {std::max(a.blocks, b.blocks), std::max(a.device_pages, b.device_pages),
-          std::max(a.host_pages, b.host_pages), std::max(a.slots, b.slots)};
+          std::max(a.host_pages, b.host_pages), std::max(a.slots, b.slots),
+          std::max(a.dense_layer_pages, b.dense_layer_pages)};
 }
 
 void AttentionFactory::swap_out(SequenceKv&) { fail("this attention store cannot swap sequences out"); }

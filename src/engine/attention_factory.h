@@ -30,6 +30,9 @@ struct KvDemand {
   int64_t device_pages = 0;  // paged store: device-tier pages (page_size tokens of one layer x KV head)
   int64_t host_pages = 0;    // paged store: host-tier pages
   int64_t slots = 0;         // paged store: request slots (a swapped-out request keeps its own)
+  // Paged store whose first dense layers of sparse requests have a device pool of their own (the
+  // GPU's): pages of that pool, counted apart because either pool can run out first.
+  int64_t dense_layer_pages = 0;
   KvDemand& operator+=(const KvDemand& o);
   KvDemand& operator-=(const KvDemand& o);
   bool fits_within(const KvDemand& capacity) const;  // every component <= capacity's

@@ -165,10 +165,11 @@ void Engine::check_request(std::span<const int32_t> prompt, const RequestParams&
                            factory_->max_buffer_pages(params.attention, max_len);
     }
     SPIN_CHECK(need.fits_within(kv_capacity_),
-               "the request needs up to {} KV blocks, {} device pages and {} host pages for {} tokens "
-               "but the KV store holds {} blocks, {} device pages and {} host pages",
-               need.blocks, need.device_pages, need.host_pages, max_len, kv_capacity_.blocks,
-               kv_capacity_.device_pages, kv_capacity_.host_pages);
+               "the request needs up to {} KV blocks, {} device pages ({} more in the dense layers' pool) and {} "
+               "host pages for {} tokens but the KV store holds {} blocks, {} device pages ({} more in the dense "
+               "layers' pool) and {} host pages",
+               need.blocks, need.device_pages, need.dense_layer_pages, need.host_pages, max_len, kv_capacity_.blocks,
+               kv_capacity_.device_pages, kv_capacity_.dense_layer_pages, kv_capacity_.host_pages);
   }
 }
 
@@ -407,6 +408,7 @@ void Engine::preempt(Request& r, bool swap) {
     factory_->swap_out(*r.kv);
     KvDemand held = factory_->demand(r.params.attention, r.computed, r.max_len, true, config_.kv_block_tokens);
     held.device_pages = 0;
+    held.dense_layer_pages = 0;
     kv_used_ -= r.kv_reserved;
     kv_used_ += held;
     r.kv_reserved = held;
@@ -545,7 +547,8 @@ StepReport Engine::step() {
           break;
         }
       }
-      const bool device_only = KvDemand{.device_pages = lack.device_pages} == lack;
+      const bool device_only =
+          KvDemand{.device_pages = lack.device_pages, .dense_layer_pages = lack.dense_layer_pages} == lack;
       preempt(*victim, device_only && victim->decoding && factory_->can_swap(*victim->kv));
       ++report.preempted;
       if (victim == r) {

@@ -37,6 +37,7 @@ class TensorParallelAttentionFactory final : public AttentionFactory {
       total.blocks = std::max(total.blocks, d.blocks);
       total.device_pages += d.device_pages;
       total.host_pages += d.host_pages;
+      total.dense_layer_pages += d.dense_layer_pages;
       total.slots = std::max(total.slots, d.slots);
     }
     return total;
@@ -53,6 +54,7 @@ class TensorParallelAttentionFactory final : public AttentionFactory {
       total.blocks = std::max(total.blocks, c.blocks);
       total.device_pages += c.device_pages;
       total.host_pages += c.host_pages;
+      total.dense_layer_pages += c.dense_layer_pages;
       total.slots = total.slots == 0 ? c.slots : std::min(total.slots, c.slots);
     }
     return total;

@@ -268,6 +268,57 @@ TEST_F(CudaSparseTest, GraphsOfDenseStepsAreNotReplayedForQuestSteps) {
   }
 }
 
+TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {
+  // A device pool of two contexts' pages and a host tier of eight: prefills keep preempting
+  // decoding requests, which are swapped out (their KV stays in the host tier, the first dense
+  // layers copied there) and resume without recompute. Their tokens must be a roomy store's.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 40);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {120, 136, 152, 168, 184, 200, 216, 232});
+  const std::vector<int64_t> max_tokens(prompts.size(), 64);
+  const std::vector<AttentionSettings> settings(prompts.size(), quest(0, 0.5));
+  const auto factory = [&](int64_t device_tokens) {
+    CudaPagedKvConfig kv = paged_kv_config(kPage, pages_for(c, kPage, device_tokens), 8, kContext);
+    kv.host_pages = pages_for(c, kPage, 8 * kContext);
+    kv.buffer_factor = 0.0;  // cache slots = the selection: a decoding request holds few pages
+    kv.rope = make_rope_table(c.rope, c.head_dim);
+    return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+  };
+  const auto roomy = run_engine(model, factory(16 * kContext), prompts, max_tokens, nullptr, settings);
+
+  EngineConfig config;  // run_engine's
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 48;
+  config.max_model_len = kContext;
+  auto tight = factory(2 * kContext);
+  const CudaPagedAttentionFactory* store = tight.get();
+  Engine engine(model, nullptr, config, std::move(tight));
+  std::vector<EngineRun> runs(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams params;
+    params.max_tokens = max_tokens[i];
+    params.sampling.temperature = 0.0f;
+    params.ignore_eos = true;
+    params.top_logprobs = 5;
+    params.attention = settings[i];
+    engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
+      runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    });
+  }
+  while (engine.has_work()) engine.step();
+  EXPECT_GT(engine.metrics().preemptions_swap, 0u) << "the small pool never swapped a request out";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(runs[i].tokens, roomy[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(runs[i], roomy[i]), 0.15) << "request " << i;
+  }
+  const KvStoreUsage idle = store->usage().value();
+  EXPECT_EQ(idle.device_pages_used, 0);
+  EXPECT_EQ(idle.host_pages_used, 0);
+}
+
 TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   const ModelConfig c = four_layer_config();
   CudaModel model(bf16_weights(c, 34), CudaModelOptions{});

@@ -9,6 +9,7 @@
 
 #include "engine/paged_attention_factory.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/gather.h"
 #include "kernels/cuda/model_ops.h"
 #include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
@@ -36,6 +37,8 @@ constexpr double kPoolMarginBytes = 1.0 * (int64_t{1} << 30);
 constexpr int64_t kMaxGroup = 8;
 // A logical page of a sparse request that has no device group (it lives in the host tier only).
 constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
+// Blocks (so SMs) a swap's page copies may use; swaps happen between steps, so the GPU is idle.
+constexpr int kSwapCopyBlocks = 64;
 // The algorithms that keep a request's KV in the host tier, by their registry names: Quest and
 // Seer's training-free gate (Index and Select as sparse/quest.cpp and sparse/seer.cpp), and
 // dense-offload (every page attended, those outside sinks and window read from the host tier at
@@ -112,6 +115,10 @@ struct SparseKv {
   std::vector<uint32_t> cache;   // the cache slots' groups, from the first decode step on
   bool decoding = false;         // the prefill ended: only sinks, window and cache stay on the device
   uint32_t now = 0;              // decode steps so far (the cache's LRU stamps)
+  // Preempted by swap: no device group at all; resident_pages are the logical pages that had one
+  // (sinks and window), which swap_in gives back.
+  bool swapped = false;
+  std::vector<uint32_t> resident_pages;
 };
 
 namespace {
@@ -152,6 +159,12 @@ class CudaKvStore final : public DeviceAttention {
   // Gives back a sequence's groups of every pool.
   void release(std::vector<uint32_t>& groups, SparseKv* sparse);
   void randomize_device_pages(uint64_t seed);
+  // Preemption by swap of a decoding host-tier sequence. swap_out copies the first dense layers'
+  // pages (the only ones not written through) to their host-tier pages and gives back every device
+  // group; swap_in takes groups again and copies back the dense layers and the sink and window pages.
+  bool can_swap(const CudaSequenceKv& kv) const;
+  void swap_out(CudaSequenceKv& kv);
+  void swap_in(CudaSequenceKv& kv);
   KvStoreUsage usage() const;
   KvDemand capacity() const;
   void set_step_profiling(bool on);
@@ -219,6 +232,10 @@ class CudaKvStore final : public DeviceAttention {
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
   // Seer's Index over layer `layer`'s slice, without its page lists.
   cuda::SeerIndexParams seer_index_params(int64_t layer) const;
+  // Copies pages src[i] to dst[i] (ids within each layer's slice) in layers [first, end), between
+  // the device pool and the host tier in the direction `to_host`, and waits for the copies.
+  void copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
+                       const std::vector<int32_t>& host_ids, bool to_host);
   // Element offset of layer l's slice of the pool (the first dense layers' slices are larger).
   size_t layer_offset(int64_t layer) const;
   size_t host_layer_offset(int64_t layer) const {
@@ -294,6 +311,8 @@ class CudaKvStore final : public DeviceAttention {
   PinnedBuffer<int32_t> profile_selected_;
   std::vector<int32_t> profile_counts_, profile_offsets_;
   int64_t profile_entries_ = 0;  // entries of the selection per layer this step
+
+  DeviceBuffer<int32_t> swap_ids_;  // page id lists of a swap's copies
 };
 
 class CudaSequenceKv final : public DeviceSequenceKv {
@@ -316,6 +335,7 @@ class CudaSequenceKv final : public DeviceSequenceKv {
   int64_t max_tokens() const { return max_tokens_; }
   std::vector<uint32_t>& groups() { return groups_; }
   SparseKv* sparse() { return sparse_.get(); }
+  const SparseKv* sparse() const { return sparse_.get(); }
   void stored(int64_t end) { length_ = std::max(length_, end); }
 
  private:
@@ -596,8 +616,9 @@ void CudaKvStore::release(std::vector<uint32_t>& groups, SparseKv* sparse) {
 }
 
 KvDemand CudaKvStore::capacity() const {
-  return KvDemand{.device_pages = usable_groups() * pages_per_group() + low_total_ * pages_per_low_group(),
-                  .host_pages = int64_t{host_pool_.capacity()} * pages_per_group()};
+  return KvDemand{.device_pages = usable_groups() * pages_per_group(),
+                  .host_pages = int64_t{host_pool_.capacity()} * pages_per_group(),
+                  .dense_layer_pages = low_total_ * pages_per_low_group()};
 }
 
 KvStoreUsage CudaKvStore::usage() const {
@@ -624,6 +645,107 @@ KvStoreUsage CudaKvStore::usage() const {
     }
   }
   return u;
+}
+
+bool CudaKvStore::can_swap(const CudaSequenceKv& kv) const {
+  const SparseKv* sp = kv.sparse();
+  return sp != nullptr && sp->decoding && !sp->swapped;
+}
+
+void CudaKvStore::copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
+                                  const std::vector<int32_t>& host_ids, bool to_host) {
+  const auto n = static_cast<int64_t>(device_ids.size());
+  if (n == 0 || first_layer >= end_layer) return;
+  cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  swap_ids_.reserve(static_cast<size_t>(2 * n), "swap page lists");
+  cuda_check(cudaMemcpy(swap_ids_.get(), device_ids.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice),
+             "swap page list upload");
+  cuda_check(cudaMemcpy(swap_ids_.get() + n, host_ids.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice),
+             "swap page list upload");
+  const int32_t* device_list = swap_ids_.get();
+  const int32_t* host_list = swap_ids_.get() + n;
+  const size_t page_bytes = page_elems_ * sizeof(bf16);
+  for (int64_t l = first_layer; l < end_layer; ++l) {
+    bf16* device = pool_.get() + layer_offset(l);
+    bf16* host = host_device_ + host_layer_offset(l);
+    // The gather kernel copies between any two pools the GPU addresses (mapped host memory too).
+    cuda_check(to_host ? cuda::gather_pages(device, host, device_list, host_list, static_cast<int>(n), page_bytes,
+                                            kSwapCopyBlocks, nullptr)
+                       : cuda::gather_pages(host, device, host_list, device_list, static_cast<int>(n), page_bytes,
+                                            kSwapCopyBlocks, nullptr),
+               "swap page copy");
+  }
+  // The legacy stream: the model's stream is idle between steps, when the engine swaps.
+  cuda_check(cudaDeviceSynchronize(), "swap page copy");
+}
+
+void CudaKvStore::swap_out(CudaSequenceKv& kv) {
+  SPIN_CHECK(can_swap(kv), "KV swap: only a decoding sequence of a host-tier algorithm can be swapped out");
+  SparseKv& sp = *kv.sparse();
+  std::vector<uint32_t>& groups = kv.groups();
+  const int64_t pages = pages_for(kv.length());
+  const int64_t heads = shape_.n_kv_heads;
+  std::vector<int32_t> device_ids, host_ids;
+  for (int64_t p = 0; p < pages; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      device_ids.push_back(low_page_id(sp.low[static_cast<size_t>(p)], h));
+      host_ids.push_back(page_id(sp.host[static_cast<size_t>(p)], h));
+    }
+  }
+  copy_tier_pages(0, dense_layers_, device_ids, host_ids, true);
+  std::lock_guard lock(mutex_);
+  for (uint32_t g : sp.low) low_groups_.free(g);
+  sp.low.clear();
+  sp.resident_pages.clear();
+  for (size_t p = 0; p < groups.size(); ++p) {
+    if (groups[p] == kNoGroup) continue;
+    groups_.free(groups[p]);
+    groups[p] = kNoGroup;
+    sp.resident_pages.push_back(static_cast<uint32_t>(p));
+  }
+  for (uint32_t g : sp.cache) groups_.free(g);
+  sp.cache.clear();
+  sp.swapped = true;
+}
+
+void CudaKvStore::swap_in(CudaSequenceKv& kv) {
+  SparseKv* sp = kv.sparse();
+  SPIN_CHECK(sp != nullptr && sp->swapped, "KV swap: the sequence is not swapped out");
+  std::vector<uint32_t>& groups = kv.groups();
+  const int64_t pages = pages_for(kv.length());
+  {
+    std::lock_guard lock(mutex_);  // all or nothing
+    groups_.require(static_cast<uint64_t>(sp->resident_pages.size() + static_cast<size_t>(sp->cache_slots)));
+    low_groups_.require(static_cast<uint64_t>(pages));
+    while (static_cast<int64_t>(sp->low.size()) < pages) sp->low.push_back(low_groups_.alloc());
+    for (uint32_t p : sp->resident_pages) groups[p] = groups_.alloc();
+    while (static_cast<int64_t>(sp->cache.size()) < sp->cache_slots) sp->cache.push_back(groups_.alloc());
+  }
+  const int64_t heads = shape_.n_kv_heads;
+  std::vector<int32_t> device_ids, host_ids;
+  for (int64_t p = 0; p < pages; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      device_ids.push_back(low_page_id(sp->low[static_cast<size_t>(p)], h));
+      host_ids.push_back(page_id(sp->host[static_cast<size_t>(p)], h));
+    }
+  }
+  copy_tier_pages(0, dense_layers_, device_ids, host_ids, false);
+  device_ids.clear();
+  host_ids.clear();
+  for (uint32_t p : sp->resident_pages) {
+    for (int64_t h = 0; h < heads; ++h) {
+      device_ids.push_back(page_id(groups[p], h));
+      host_ids.push_back(page_id(sp->host[p], h));
+    }
+  }
+  copy_tier_pages(dense_layers_, shape_.n_layers, device_ids, host_ids, false);
+  // The fresh cache slots are empty in every (layer, KV head).
+  const size_t per_group = static_cast<size_t>(pages_per_group());
+  for (uint32_t g : sp->cache) {
+    cuda_check(cudaMemset(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t)), "KV cache slot reset");
+  }
+  sp->resident_pages.clear();
+  sp->swapped = false;
 }
 
 void CudaKvStore::set_step_profiling(bool on) {
@@ -767,6 +889,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       need_main += std::max<int64_t>(0, pages_for(end) - held);
       continue;
     }
+    SPIN_CHECK(!sp->swapped, "attention step: chunk {} belongs to a sequence swapped out of the device", i);
     sparse_rows = true;
     need_chunks += std::max<int64_t>(0, summary_chunks(*sp, pages_for(end)) - static_cast<int64_t>(sp->chunks.size()));
     if (!is_decode(*kv, *sp, n)) {
@@ -1419,8 +1542,9 @@ KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, in
   const int64_t resident =
       decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->cache_slots(r, max_tokens)
                : pages;
-  return KvDemand{.device_pages = resident * store_->pages_per_group() + pages * store_->pages_per_low_group(),
-                  .host_pages = pages * store_->pages_per_group()};
+  return KvDemand{.device_pages = resident * store_->pages_per_group(),
+                  .host_pages = pages * store_->pages_per_group(),
+                  .dense_layer_pages = pages * store_->pages_per_low_group()};
 }
 
 KvDemand CudaPagedAttentionFactory::capacity() const { return store_->capacity(); }
@@ -1465,6 +1589,23 @@ int64_t CudaPagedAttentionFactory::cache_slots(const AttentionSettings& settings
 
 void CudaPagedAttentionFactory::set_step_profiling(bool on) { store_->set_step_profiling(on); }
 
+bool CudaPagedAttentionFactory::can_swap(const SequenceKv& kv) const {
+  const auto* seq = dynamic_cast<const CudaSequenceKv*>(&kv);
+  return seq != nullptr && seq->owner() == store_.get() && store_->can_swap(*seq);
+}
+
+void CudaPagedAttentionFactory::swap_out(SequenceKv& kv) {
+  auto* seq = dynamic_cast<CudaSequenceKv*>(&kv);
+  SPIN_CHECK(seq != nullptr && seq->owner() == store_.get(), "KV swap: KV from another store");
+  store_->swap_out(*seq);
+}
+
+void CudaPagedAttentionFactory::swap_in(SequenceKv& kv) {
+  auto* seq = dynamic_cast<CudaSequenceKv*>(&kv);
+  SPIN_CHECK(seq != nullptr && seq->owner() == store_.get(), "KV swap: KV from another store");
+  store_->swap_in(*seq);
+}
+
 SparseStepProfile CudaPagedAttentionFactory::last_step_profile() const { return store_->last_step_profile(); }
 
 int64_t CudaPagedAttentionFactory::pool_bytes() const { return store_->pool_bytes(); }
@@ -1481,10 +1622,15 @@ std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories
     config.device = r;
     ranks.push_back(std::make_unique<CudaPagedAttentionFactory>(rank_shape, config));
   }
-  int64_t smallest = ranks.front()->capacity().device_pages;
-  for (const auto& f : ranks) smallest = std::min(smallest, f->capacity().device_pages);
+  // Device pages of a rank's pools: the main one and the first dense layers' one.
+  const auto pool_pages = [](const CudaPagedAttentionFactory& f) {
+    const KvDemand c = f.capacity();
+    return c.device_pages + c.dense_layer_pages;
+  };
+  int64_t smallest = pool_pages(*ranks.front());
+  for (const auto& f : ranks) smallest = std::min(smallest, pool_pages(*f));
   for (int r = 0; r < world; ++r) {
-    if (ranks[static_cast<size_t>(r)]->capacity().device_pages == smallest) continue;
+    if (pool_pages(*ranks[static_cast<size_t>(r)]) == smallest) continue;
     // Free this rank's larger pool before allocating the smaller one.
     ranks[static_cast<size_t>(r)].reset();
     config.device = r;

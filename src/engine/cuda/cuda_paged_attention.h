@@ -94,6 +94,11 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   KvDemand capacity() const override;
   bool single_token_is_decode(const AttentionSettings& settings) const override;
   std::optional<KvStoreUsage> usage() const override;
+  // Preemption by swap of a decoding quest, seer or dense-offload sequence: its KV stays in the
+  // host tier (the first dense layers' pages are copied there first) and every device page goes.
+  bool can_swap(const SequenceKv& kv) const override;
+  void swap_out(SequenceKv& kv) override;
+  void swap_in(SequenceKv& kv) override;
 
   // Benchmarks: makes `kv` hold `tokens` more tokens without computing them (their K/V are
   // whatever the pages hold). Dense decode time depends on how many keys there are, not on their
