@@ -31,7 +31,10 @@
 // dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
 // slots), so its first dense layers also stay on the device (the pool's layout); its decode lists
 // name the host-tier pages directly (negative ids, kernels/cuda/paged_attention.h), and a step
-// with only dense-offload rows runs no Index or Select kernels.
+// with only dense-offload rows runs no Index or Select kernels. A decoding host-tier sequence can be
+// swapped out under device pressure: its first dense layers' pages (not written through) are
+// copied to the host tier and every device page goes; swap_in brings back those layers, sinks
+// and window, and its cache restarts empty.
 #include <cstdint>
 #include <memory>
 #include <vector>
