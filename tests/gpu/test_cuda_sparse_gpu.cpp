@@ -319,6 +319,57 @@ TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {
   EXPECT_EQ(idle.host_pages_used, 0);
 }
 
+TEST_F(CudaSparseTest, ElasticCacheBuffersGrowWithoutChangingTokens) {
+  // With elastic buffers (the engine's default) a decoding request starts with cache slots for its
+  // selection only, and the engine grows its buffer while pages are free. The cache's size must
+  // not change the tokens: they are those of fixed full buffers.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 41);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  const std::vector<int64_t> max_tokens{48, 40, 56};
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  for (const AttentionSettings& attention : {quest(48), seer(64)}) {
+    std::vector<std::vector<EngineRun>> runs;
+    int64_t largest_buffer = 0;
+    for (const bool elastic : {false, true}) {
+      EngineConfig config;  // run_engine's
+      config.max_num_seqs = 8;
+      config.max_num_batched_tokens = 48;
+      config.max_model_len = kContext;
+      config.elastic_kv_buffers = elastic;
+      auto factory = sparse_factory(c, model, host);
+      const CudaPagedAttentionFactory* store = factory.get();
+      Engine engine(model, nullptr, config, std::move(factory));
+      std::vector<EngineRun> out(prompts.size());
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        RequestParams params;
+        params.max_tokens = max_tokens[i];
+        params.sampling.temperature = 0.0f;
+        params.ignore_eos = true;
+        params.top_logprobs = 5;
+        params.attention = attention;
+        engine.add_request(prompts[i], params, [&out, i](const RequestOutput& o) {
+          out[i].tokens.insert(out[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
+          out[i].logprobs.insert(out[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+        });
+      }
+      while (engine.has_work()) {
+        engine.step();
+        if (elastic) largest_buffer = std::max<int64_t>(largest_buffer, engine.metrics().kv_buffer_pages_reserved);
+      }
+      EXPECT_EQ(store->usage().value().device_pages_used, 0) << attention.algorithm;
+      runs.push_back(std::move(out));
+    }
+    EXPECT_GT(largest_buffer, 0) << attention.algorithm << ": the engine never grew a cache buffer";
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(static_cast<int64_t>(runs[1][i].tokens.size()), max_tokens[i]) << "request " << i;
+      EXPECT_EQ(runs[1][i].tokens, runs[0][i].tokens) << attention.algorithm << " request " << i;
+      EXPECT_LE(max_logprob_difference(runs[1][i], runs[0][i]), 0.15) << attention.algorithm << " request " << i;
+    }
+  }
+}
+
 TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   const ModelConfig c = four_layer_config();
   CudaModel model(bf16_weights(c, 34), CudaModelOptions{});

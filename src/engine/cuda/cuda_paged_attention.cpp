@@ -108,7 +108,11 @@ struct SparseKv {
   // dense-offload: no selection, summaries or cache; attention reads the pages between sinks and
   // window straight from the host tier (zero-copy).
   bool offload() const { return algorithm == HostTierAlgorithm::dense_offload; }
-  int64_t cache_slots = 0;       // per (layer, KV head)
+  // Cache slots per (layer, KV head): the largest selection, plus an elastic buffer the engine
+  // sizes (set_buffer_pages). The cache holds selection_slots + buffer_slots groups.
+  int64_t selection_slots = 0;
+  int64_t buffer_slots = 0;
+  int64_t cache_target() const { return selection_slots + buffer_slots; }
   std::vector<uint32_t> low;     // per logical page: its group in the first dense layers
   std::vector<uint32_t> host;    // per logical page: its host-tier group
   std::vector<uint32_t> chunks;  // per kSummaryChunkPages logical pages: the summary chunk
@@ -150,7 +154,13 @@ class CudaKvStore final : public DeviceAttention {
   int64_t dense_layers() const { return dense_layers_; }
   // Resolves a quest request's settings (spin::Error naming what the GPU store cannot run).
   sparse::ResolvedSettings resolve_sparse(const AttentionSettings& settings) const;
-  int64_t cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
+  // Cache slots per (layer, KV head): the largest selection of a sequence of max_tokens tokens,
+  // and the most buffer slots beside it (buffer_factor times the selection, and no more than the
+  // pages the selection and the always-resident pages leave out).
+  int64_t selection_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
+  int64_t max_buffer_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
+  // Resizes a sequence's buffer; a decoding one's cache gains or loses groups at once.
+  void set_buffer_slots(CudaSequenceKv& kv, int64_t slots);
 
   // Grows `groups` to `count` groups, all or nothing (kv::PoolExhausted when short).
   void grow(std::vector<uint32_t>& groups, int64_t count);
@@ -557,14 +567,49 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
   return r;
 }
 
-int64_t CudaKvStore::cache_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
+int64_t CudaKvStore::selection_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
   if (r.algorithm == kDenseOffload) return 0;
   const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX)));
   SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
              "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
              std::min<int64_t>(cuda::kMaxSelectedPages, max_cache_slots_));
-  const auto slots = static_cast<int64_t>(std::ceil(static_cast<double>(largest) * (1.0 + buffer_factor_)));
-  return std::clamp<int64_t>(slots, largest, max_cache_slots_);
+  return largest;
+}
+
+int64_t CudaKvStore::max_buffer_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
+  const int64_t selection = selection_slots(r, max_tokens);
+  if (selection == 0) return 0;
+  const auto wanted = static_cast<int64_t>(std::ceil(static_cast<double>(selection) * buffer_factor_));
+  const int64_t left_out = pages_for(max_tokens) - (int64_t{r.sink_pages} + r.window_pages + 1) - selection;
+  return std::clamp<int64_t>(std::min(wanted, left_out), 0, max_cache_slots_ - selection);
+}
+
+void CudaKvStore::set_buffer_slots(CudaSequenceKv& kv, int64_t slots) {
+  SparseKv& sp = *kv.sparse();
+  sp.buffer_slots = slots;
+  if (!sp.decoding || sp.swapped) return;  // the cache is made (or made again) at that size
+  std::vector<uint32_t> fresh;
+  {
+    std::lock_guard lock(mutex_);
+    const int64_t missing = sp.cache_target() - static_cast<int64_t>(sp.cache.size());
+    if (missing > 0) groups_.require(static_cast<uint64_t>(missing));
+    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) {
+      sp.cache.push_back(groups_.alloc());
+      fresh.push_back(sp.cache.back());
+    }
+    // The groups that leave take their cached pages with them.
+    while (static_cast<int64_t>(sp.cache.size()) > sp.cache_target()) {
+      groups_.free(sp.cache.back());
+      sp.cache.pop_back();
+    }
+  }
+  if (fresh.empty()) return;
+  cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  const size_t per_group = static_cast<size_t>(pages_per_group());
+  for (uint32_t g : fresh) {
+    cuda_check(cudaMemset(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t)), "KV cache slot reset");
+  }
+  cuda_check(cudaDeviceSynchronize(), "KV cache slot reset");
 }
 
 void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
@@ -715,11 +760,11 @@ void CudaKvStore::swap_in(CudaSequenceKv& kv) {
   const int64_t pages = pages_for(kv.length());
   {
     std::lock_guard lock(mutex_);  // all or nothing
-    groups_.require(static_cast<uint64_t>(sp->resident_pages.size() + static_cast<size_t>(sp->cache_slots)));
+    groups_.require(static_cast<uint64_t>(sp->resident_pages.size()) + static_cast<uint64_t>(sp->cache_target()));
     low_groups_.require(static_cast<uint64_t>(pages));
     while (static_cast<int64_t>(sp->low.size()) < pages) sp->low.push_back(low_groups_.alloc());
     for (uint32_t p : sp->resident_pages) groups[p] = groups_.alloc();
-    while (static_cast<int64_t>(sp->cache.size()) < sp->cache_slots) sp->cache.push_back(groups_.alloc());
+    while (static_cast<int64_t>(sp->cache.size()) < sp->cache_target()) sp->cache.push_back(groups_.alloc());
   }
   const int64_t heads = shape_.n_kv_heads;
   std::vector<int32_t> device_ids, host_ids;
@@ -830,7 +875,7 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
       groups_.free(groups[static_cast<size_t>(p)]);
       groups[static_cast<size_t>(p)] = kNoGroup;
     }
-    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_slots) sp.cache.push_back(groups_.alloc());
+    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) sp.cache.push_back(groups_.alloc());
   }
   // Fresh slots are empty in every (layer, KV head); their state is contiguous per group.
   const size_t per_group = static_cast<size_t>(pages_per_group());
@@ -908,7 +953,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
       // Another sequence's allocation may come before this one's pages are freed.
-      need_main += std::max<int64_t>(0, sp->cache_slots - (held - kept)) + (new_page ? 1 : 0);
+      need_main += std::max<int64_t>(0, sp->cache_target() - (held - kept)) + (new_page ? 1 : 0);
     } else if (new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =
@@ -1529,7 +1574,9 @@ std::unique_ptr<SequenceKv> CudaPagedAttentionFactory::create(const AttentionSet
     sparse = std::make_unique<SparseKv>();
     sparse->settings = store_->resolve_sparse(settings);
     sparse->algorithm = *host_tier_algorithm(settings.algorithm);
-    sparse->cache_slots = store_->cache_slots(sparse->settings, max_tokens);
+    sparse->selection_slots = store_->selection_slots(sparse->settings, max_tokens);
+    // The whole buffer until the engine sizes it (benchmarks and tests that use no engine).
+    sparse->buffer_slots = store_->max_buffer_slots(sparse->settings, max_tokens);
   }
   return std::make_unique<CudaSequenceKv>(store_, max_tokens, std::move(sparse));
 }
@@ -1540,7 +1587,7 @@ KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, in
   if (!uses_host_tier(settings)) return KvDemand{.device_pages = pages * store_->pages_per_group()};
   const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
   const int64_t resident =
-      decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->cache_slots(r, max_tokens)
+      decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->selection_slots(r, max_tokens)
                : pages;
   return KvDemand{.device_pages = resident * store_->pages_per_group(),
                   .host_pages = pages * store_->pages_per_group(),
@@ -1584,7 +1631,29 @@ int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& se
 }
 
 int64_t CudaPagedAttentionFactory::cache_slots(const AttentionSettings& settings, int64_t max_tokens) const {
-  return store_->cache_slots(store_->resolve_sparse(settings), max_tokens);
+  const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
+  return store_->selection_slots(r, max_tokens) + store_->max_buffer_slots(r, max_tokens);
+}
+
+int64_t CudaPagedAttentionFactory::buffer_streams(const AttentionSettings& settings) const {
+  // A buffer slot is one more cache group: a page in every (layer, KV head).
+  if (!uses_host_tier(settings) || settings.algorithm == kDenseOffload) return 0;
+  return store_->pages_per_group();
+}
+
+int64_t CudaPagedAttentionFactory::max_buffer_pages(const AttentionSettings& settings, int64_t max_tokens) const {
+  if (buffer_streams(settings) == 0) return 0;
+  return store_->max_buffer_slots(store_->resolve_sparse(settings), max_tokens);
+}
+
+void CudaPagedAttentionFactory::set_buffer_pages(SequenceKv& kv, int64_t pages) {
+  auto* seq = dynamic_cast<CudaSequenceKv*>(&kv);
+  SPIN_CHECK(seq != nullptr && seq->owner() == store_.get(), "KV buffer: KV from another store");
+  SparseKv* sp = seq->sparse();
+  if (sp == nullptr || sp->offload()) return;
+  const int64_t most = store_->max_buffer_slots(sp->settings, seq->max_tokens());
+  SPIN_CHECK(pages >= 0 && pages <= most, "KV buffer of {} slots out of range (0..{})", pages, most);
+  store_->set_buffer_slots(*seq, pages);
 }
 
 void CudaPagedAttentionFactory::set_step_profiling(bool on) { store_->set_step_profiling(on); }

@@ -97,6 +97,11 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   KvDemand capacity() const override;
   bool single_token_is_decode(const AttentionSettings& settings) const override;
   std::optional<KvStoreUsage> usage() const override;
+  // Elastic buffer (quest, seer): cache slots beyond the selection, in groups of a page per
+  // (layer, KV head); demand() counts only the selection's slots.
+  int64_t buffer_streams(const AttentionSettings& settings) const override;
+  int64_t max_buffer_pages(const AttentionSettings& settings, int64_t max_tokens) const override;
+  void set_buffer_pages(SequenceKv& kv, int64_t pages) override;
   // Preemption by swap of a decoding quest, seer or dense-offload sequence: its KV stays in the
   // host tier (the first dense layers' pages are copied there first) and every device page goes.
   bool can_swap(const SequenceKv& kv) const override;
@@ -120,7 +125,8 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   // the first dense layers; in the others, sinks, selection (Quest) and window. dense-offload
   // reads the rest of its pages from the host tier.
   int64_t decode_pages_read(const AttentionSettings& settings, int64_t tokens) const;
-  // Cache slots per (sparse layer, KV head) of a sequence with these settings and capacity.
+  // Cache slots per (sparse layer, KV head) of a sequence with these settings and capacity, its
+  // whole buffer included.
   int64_t cache_slots(const AttentionSettings& settings, int64_t max_tokens) const;
   // Benchmarks: while on, every decode step that selects pages records its SparseStepProfile. Its
   // events and copies cannot be captured: run those steps with CUDA graphs off. Read a step's
