@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -199,6 +198,26 @@ struct EngineRun {
   std::vector<TokenLogprob> logprobs;  // per token: its log-probability and the 5 most likely
 };
 
+// Adds the prompts to `engine` as greedy requests (end-of-sequence ignored, top 5 logprobs), with
+// attention[i] where given; their outputs collect into runs[i] (runs is sized to the prompts).
+inline void add_greedy_requests(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                const std::vector<int64_t>& max_tokens, const std::vector<AttentionSettings>& attention,
+                                std::vector<EngineRun>& runs) {
+  runs.assign(prompts.size(), EngineRun{});
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestParams params;
+    params.max_tokens = max_tokens[i];
+    params.sampling.temperature = 0.0f;
+    params.ignore_eos = true;
+    params.top_logprobs = 5;
+    if (i < attention.size()) params.attention = attention[i];
+    engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
+      runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
+      runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+    });
+  }
+}
+
 // Runs the requests through one Engine (greedy) and returns each one's tokens by request index;
 // `preempted`, where given, receives the number of preemptions; `attention`, where given, holds each
 // request's attention settings; `usage`, where given, receives the store's usage after the run.
@@ -213,22 +232,8 @@ inline std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<At
   config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
   config.max_model_len = 512;
   Engine engine(model, nullptr, config, std::move(factory));
-  std::vector<EngineRun> out(prompts.size());
-  std::map<uint64_t, size_t> index;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams params;
-    params.max_tokens = max_tokens[i];
-    params.sampling.temperature = 0.0f;
-    params.ignore_eos = true;
-    params.top_logprobs = 5;
-    if (i < attention.size()) params.attention = attention[i];
-    const uint64_t id = engine.add_request(prompts[i], params, [&out, &index](const RequestOutput& o) {
-      EngineRun& run = out[index.at(o.request_id)];
-      run.tokens.insert(run.tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      run.logprobs.insert(run.logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    });
-    index[id] = i;
-  }
+  std::vector<EngineRun> out;
+  add_greedy_requests(engine, prompts, max_tokens, attention, out);
   int64_t preemptions = 0;
   while (engine.has_work()) preemptions += engine.step().preempted;
   if (preempted) *preempted = preemptions;

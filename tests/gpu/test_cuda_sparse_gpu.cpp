@@ -294,19 +294,8 @@ TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {
   auto tight = factory(2 * kContext);
   const CudaPagedAttentionFactory* store = tight.get();
   Engine engine(model, nullptr, config, std::move(tight));
-  std::vector<EngineRun> runs(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestParams params;
-    params.max_tokens = max_tokens[i];
-    params.sampling.temperature = 0.0f;
-    params.ignore_eos = true;
-    params.top_logprobs = 5;
-    params.attention = settings[i];
-    engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
-      runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    });
-  }
+  std::vector<EngineRun> runs;
+  add_greedy_requests(engine, prompts, max_tokens, settings, runs);
   while (engine.has_work()) engine.step();
   EXPECT_GT(engine.metrics().preemptions_swap, 0u) << "the small pool never swapped a request out";
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -341,19 +330,8 @@ TEST_F(CudaSparseTest, ElasticCacheBuffersGrowWithoutChangingTokens) {
       auto factory = sparse_factory(c, model, host);
       const CudaPagedAttentionFactory* store = factory.get();
       Engine engine(model, nullptr, config, std::move(factory));
-      std::vector<EngineRun> out(prompts.size());
-      for (size_t i = 0; i < prompts.size(); ++i) {
-        RequestParams params;
-        params.max_tokens = max_tokens[i];
-        params.sampling.temperature = 0.0f;
-        params.ignore_eos = true;
-        params.top_logprobs = 5;
-        params.attention = attention;
-        engine.add_request(prompts[i], params, [&out, i](const RequestOutput& o) {
-          out[i].tokens.insert(out[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
-          out[i].logprobs.insert(out[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-        });
-      }
+      std::vector<EngineRun> out;
+      add_greedy_requests(engine, prompts, max_tokens, std::vector<AttentionSettings>(prompts.size(), attention), out);
       while (engine.has_work()) {
         engine.step();
         if (elastic) largest_buffer = std::max<int64_t>(largest_buffer, engine.metrics().kv_buffer_pages_reserved);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <unordered_set>
 
 #include "engine/paged_attention_factory.h"
@@ -159,6 +160,9 @@ class CudaKvStore final : public DeviceAttention {
   // pages the selection and the always-resident pages leave out).
   int64_t selection_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
   int64_t max_buffer_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const;
+  // Marks every slot of these cache groups empty in every (layer, KV head): on `stream` (in a step),
+  // or with none at once, waiting for it (between steps).
+  void reset_cache_slots(std::span<const uint32_t> groups, cudaStream_t stream);
   // Resizes a sequence's buffer; a decoding one's cache gains or loses groups at once.
   void set_buffer_slots(CudaSequenceKv& kv, int64_t slots);
 
@@ -603,13 +607,20 @@ void CudaKvStore::set_buffer_slots(CudaSequenceKv& kv, int64_t slots) {
       sp.cache.pop_back();
     }
   }
-  if (fresh.empty()) return;
+  reset_cache_slots(fresh, nullptr);
+}
+
+void CudaKvStore::reset_cache_slots(std::span<const uint32_t> groups, cudaStream_t stream) {
+  if (groups.empty()) return;
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  // A group's slot state is contiguous: one entry per (layer, KV head).
   const size_t per_group = static_cast<size_t>(pages_per_group());
-  for (uint32_t g : fresh) {
-    cuda_check(cudaMemset(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t)), "KV cache slot reset");
+  for (uint32_t g : groups) {
+    cuda_check(cudaMemsetAsync(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t), stream),
+               "KV cache slot reset");
   }
-  cuda_check(cudaDeviceSynchronize(), "KV cache slot reset");
+  // The model's stream does not wait for the legacy one.
+  if (stream == nullptr) cuda_check(cudaStreamSynchronize(nullptr), "KV cache slot reset");
 }
 
 void CudaKvStore::grow(std::vector<uint32_t>& groups, int64_t count) {
@@ -784,11 +795,7 @@ void CudaKvStore::swap_in(CudaSequenceKv& kv) {
     }
   }
   copy_tier_pages(dense_layers_, shape_.n_layers, device_ids, host_ids, false);
-  // The fresh cache slots are empty in every (layer, KV head).
-  const size_t per_group = static_cast<size_t>(pages_per_group());
-  for (uint32_t g : sp->cache) {
-    cuda_check(cudaMemset(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t)), "KV cache slot reset");
-  }
+  reset_cache_slots(sp->cache, nullptr);
   sp->resident_pages.clear();
   sp->swapped = false;
 }
@@ -877,12 +884,7 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     }
     while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) sp.cache.push_back(groups_.alloc());
   }
-  // Fresh slots are empty in every (layer, KV head); their state is contiguous per group.
-  const size_t per_group = static_cast<size_t>(pages_per_group());
-  for (uint32_t g : sp.cache) {
-    cuda_check(cudaMemsetAsync(slot_page_.get() + g * per_group, 0xff, per_group * sizeof(int32_t), stream),
-               "KV cache slot reset");
-  }
+  reset_cache_slots(sp.cache, stream);
   sp.decoding = true;
 }
 
