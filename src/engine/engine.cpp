@@ -697,6 +697,7 @@ void Engine::update_gauges() {
   metrics_.requests_waiting = static_cast<int64_t>(waiting_.size());
   metrics_.kv_tokens_used = kv_used_.blocks * config_.kv_block_tokens;
   metrics_.kv_device_pages_reserved = kv_used_.device_pages;
+  metrics_.kv_dense_layer_pages_reserved = kv_used_.dense_layer_pages;
   metrics_.kv_host_pages_reserved = kv_used_.host_pages;
   metrics_.kv_buffer_pages_reserved = 0;
   for (const Request* r : running_) {

@@ -38,6 +38,9 @@ struct EngineMetrics {
   int64_t kv_device_pages_reserved = 0;  // paged store: device pages the scheduler reserved
   int64_t kv_host_pages_reserved = 0;    // paged store: host pages the scheduler reserved
   int64_t kv_buffer_pages_reserved = 0;  // paged store: of the device pages, those of elastic buffers
+  // Paged store with a device pool of its own for the first dense layers (the GPU's): its pages
+  // the scheduler reserved.
+  int64_t kv_dense_layer_pages_reserved = 0;
   std::optional<KvStoreUsage> kv_store;  // the paged store's pools and counters, if any
   uint64_t prompt_tokens_total = 0;
   uint64_t generation_tokens_total = 0;

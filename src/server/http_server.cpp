@@ -551,6 +551,9 @@ const MetricRow<EngineMetrics> kEngineRows[] = {
      [](const EngineMetrics& m) { return num(m.kv_host_pages_reserved); }},
     {"spin_kv_buffer_pages_reserved", "gauge", "Paged KV store: reserved device pages of elastic buffers", "",
      [](const EngineMetrics& m) { return num(m.kv_buffer_pages_reserved); }},
+    {"spin_kv_dense_layer_pages_reserved", "gauge",
+     "Paged KV store: reserved pages of the first dense layers' own device pool (GPU)", "",
+     [](const EngineMetrics& m) { return num(m.kv_dense_layer_pages_reserved); }},
 };
 
 const MetricRow<KvStoreUsage> kStoreRows[] = {

@@ -349,3 +349,80 @@ TEST(EngineScheduler, RejectsBadRequestsWithTheNumbers) {
 
 }  // namespace
 }  // namespace spin
+
+namespace spin {
+namespace {
+
+using namespace engine_test;
+
+// The tiny model's contiguous KV, reported as a store whose first dense layers have a device
+// pool of their own (as the GPU store's do): two pages of that pool per 16 tokens.
+class DenseLayerPoolFactory final : public AttentionFactory {
+ public:
+  explicit DenseLayerPoolFactory(int64_t pool_pages)
+      : inner_(make_contiguous_attention_factory(tiny().model.attention_shape())), pool_pages_(pool_pages) {}
+  std::vector<std::string> algorithms() const override { return inner_->algorithms(); }
+  std::unique_ptr<SequenceKv> create(const AttentionSettings& settings, int64_t max_tokens) override {
+    return inner_->create(settings, max_tokens);
+  }
+  KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens, bool decoding,
+                  int64_t block_tokens) const override {
+    KvDemand d = AttentionFactory::demand(settings, tokens, max_tokens, decoding, block_tokens);
+    d.dense_layer_pages = 2 * ((tokens + 15) / 16);
+    return d;
+  }
+  KvDemand capacity() const override { return KvDemand{.dense_layer_pages = pool_pages_}; }
+
+ private:
+  std::unique_ptr<AttentionFactory> inner_;
+  int64_t pool_pages_;
+};
+
+TEST(EngineScheduler, TheDenseLayersOwnPoolBoundsAdmissionAndGrowth) {
+  // 20 pages of that pool hold 160 tokens: two or three of these requests at a time, never six.
+  // The engine must admit, grow and preempt by it (a store that ran out of it while the engine
+  // saw room once made the engine retry the same step forever), and every output stays greedy.
+  constexpr int64_t kPool = 20;
+  EngineConfig config;
+  config.max_num_seqs = 6;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = 128;
+  Engine engine(tiny().model, nullptr, config, std::make_unique<DenseLayerPoolFactory>(kPool));
+  std::mt19937 rng(21);
+  std::vector<std::vector<int32_t>> prompts;
+  Collector c;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_prompt(rng, 30 + 4 * i));
+    ids.push_back(engine.add_request(prompts.back(), greedy(24), c.callback()));
+  }
+  int64_t largest = 0, most_running = 0;
+  while (engine.has_work()) {
+    ++c.step;
+    engine.step();
+    const EngineMetrics m = engine.metrics();
+    largest = std::max(largest, m.kv_dense_layer_pages_reserved);
+    most_running = std::max(most_running, m.requests_running);
+    ASSERT_LE(m.kv_dense_layer_pages_reserved, kPool);
+    ASSERT_LT(c.step, 2000) << "no progress";
+  }
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 24)) << "request " << i;
+  }
+  EXPECT_GT(largest, kPool / 2) << "the pool was never used: does the engine count it?";
+  EXPECT_LE(most_running, 3);
+  EXPECT_GT(engine.metrics().preemptions_total(), 0u) << "growth never ran into the pool";
+  EXPECT_EQ(engine.metrics().kv_dense_layer_pages_reserved, 0);
+
+  // A request the pool cannot hold even alone (60 tokens: 8 pages of 6) is refused, naming it.
+  Engine small(tiny().model, nullptr, config, std::make_unique<DenseLayerPoolFactory>(6));
+  try {
+    small.add_request(random_prompt(rng, 40), greedy(20), nullptr);
+    ADD_FAILURE() << "a request larger than the dense layers' pool was accepted";
+  } catch (const InvalidRequest& e) {
+    EXPECT_NE(std::string(e.what()).find("dense layers' pool"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace spin
