@@ -36,6 +36,8 @@ struct KvDemand {
   KvDemand& operator+=(const KvDemand& o);
   KvDemand& operator-=(const KvDemand& o);
   bool fits_within(const KvDemand& capacity) const;  // every component <= capacity's
+  // The components in device memory (device_pages, dense_layer_pages): what a swap gives back.
+  KvDemand on_device() const { return {.device_pages = device_pages, .dense_layer_pages = dense_layer_pages}; }
   bool operator==(const KvDemand&) const = default;
 };
 KvDemand max_of(const KvDemand& a, const KvDemand& b);

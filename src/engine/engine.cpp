@@ -407,8 +407,7 @@ void Engine::preempt(Request& r, bool swap) {
   if (swap) {
     factory_->swap_out(*r.kv);
     KvDemand held = factory_->demand(r.params.attention, r.computed, r.max_len, true, config_.kv_block_tokens);
-    held.device_pages = 0;
-    held.dense_layer_pages = 0;
+    held -= held.on_device();
     kv_used_ -= r.kv_reserved;
     kv_used_ += held;
     r.kv_reserved = held;
@@ -547,8 +546,7 @@ StepReport Engine::step() {
           break;
         }
       }
-      const bool device_only =
-          KvDemand{.device_pages = lack.device_pages, .dense_layer_pages = lack.dense_layer_pages} == lack;
+      const bool device_only = lack.on_device() == lack;
       preempt(*victim, device_only && victim->decoding && factory_->can_swap(*victim->kv));
       ++report.preempted;
       if (victim == r) {
@@ -615,10 +613,10 @@ StepReport Engine::step() {
     }
     // A model that draws on its device gets each request's sampling rule; it downloads the logits
     // only when a request wants logprobs.
-    const bool on_device = model_.samples_on_device();
+    const bool draws_on_device = model_.samples_on_device();
     bool want_logits = false;
     std::vector<DeviceSampling> sampling;
-    if (on_device) {
+    if (draws_on_device) {
       for (size_t i = 0; i < scheduled.size(); ++i) {
         const Request& r = *scheduled[i].first;
         const SamplingParams& p = r.params.sampling;
@@ -632,7 +630,7 @@ StepReport Engine::step() {
       }
     }
     try {
-      if (on_device) {
+      if (draws_on_device) {
         model_.forward_sampled(chunks, sampling, sampleable_vocab_, want_logits, logits_, drawn_);
       } else {
         model_.forward(chunks, false, logits_);
@@ -671,9 +669,10 @@ StepReport Engine::step() {
       r.computed += scheduled[i].second;
       if (!report.chunks[i].samples) continue;
       RequestOutput out;
-      const std::span<const float> logits =
-          !on_device || want_logits ? std::span<const float>(logits_.data() + i * vocab, vocab) : std::span<const float>();
-      sample_next(r, logits, on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
+      const std::span<const float> logits = !draws_on_device || want_logits
+                                                ? std::span<const float>(logits_.data() + i * vocab, vocab)
+                                                : std::span<const float>();
+      sample_next(r, logits, draws_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {
         outputs.emplace_back(std::move(r.on_output), std::move(out));
         requests_.erase(r.id);

@@ -250,6 +250,9 @@ class CudaKvStore final : public DeviceAttention {
   // the device pool and the host tier in the direction `to_host`, and waits for the copies.
   void copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
                        const std::vector<int32_t>& host_ids, bool to_host);
+  // The first dense layers' pages [0, pages) of a sequence, between their device groups and
+  // their host-tier pages (which the write-through skips).
+  void copy_dense_layers(const SparseKv& sp, int64_t pages, bool to_host);
   // Element offset of layer l's slice of the pool (the first dense layers' slices are larger).
   size_t layer_offset(int64_t layer) const;
   size_t host_layer_offset(int64_t layer) const {
@@ -735,20 +738,22 @@ void CudaKvStore::copy_tier_pages(int64_t first_layer, int64_t end_layer, const 
   cuda_check(cudaDeviceSynchronize(), "swap page copy");
 }
 
-void CudaKvStore::swap_out(CudaSequenceKv& kv) {
-  SPIN_CHECK(can_swap(kv), "KV swap: only a decoding sequence of a host-tier algorithm can be swapped out");
-  SparseKv& sp = *kv.sparse();
-  std::vector<uint32_t>& groups = kv.groups();
-  const int64_t pages = pages_for(kv.length());
-  const int64_t heads = shape_.n_kv_heads;
+void CudaKvStore::copy_dense_layers(const SparseKv& sp, int64_t pages, bool to_host) {
   std::vector<int32_t> device_ids, host_ids;
   for (int64_t p = 0; p < pages; ++p) {
-    for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
       device_ids.push_back(low_page_id(sp.low[static_cast<size_t>(p)], h));
       host_ids.push_back(page_id(sp.host[static_cast<size_t>(p)], h));
     }
   }
-  copy_tier_pages(0, dense_layers_, device_ids, host_ids, true);
+  copy_tier_pages(0, dense_layers_, device_ids, host_ids, to_host);
+}
+
+void CudaKvStore::swap_out(CudaSequenceKv& kv) {
+  SPIN_CHECK(can_swap(kv), "KV swap: only a decoding sequence of a host-tier algorithm can be swapped out");
+  SparseKv& sp = *kv.sparse();
+  std::vector<uint32_t>& groups = kv.groups();
+  copy_dense_layers(sp, pages_for(kv.length()), true);
   std::lock_guard lock(mutex_);
   for (uint32_t g : sp.low) low_groups_.free(g);
   sp.low.clear();
@@ -777,19 +782,11 @@ void CudaKvStore::swap_in(CudaSequenceKv& kv) {
     for (uint32_t p : sp->resident_pages) groups[p] = groups_.alloc();
     while (static_cast<int64_t>(sp->cache.size()) < sp->cache_target()) sp->cache.push_back(groups_.alloc());
   }
-  const int64_t heads = shape_.n_kv_heads;
+  copy_dense_layers(*sp, pages, false);
+  // The sink and window pages of the other layers, from their host-tier pages.
   std::vector<int32_t> device_ids, host_ids;
-  for (int64_t p = 0; p < pages; ++p) {
-    for (int64_t h = 0; h < heads; ++h) {
-      device_ids.push_back(low_page_id(sp->low[static_cast<size_t>(p)], h));
-      host_ids.push_back(page_id(sp->host[static_cast<size_t>(p)], h));
-    }
-  }
-  copy_tier_pages(0, dense_layers_, device_ids, host_ids, false);
-  device_ids.clear();
-  host_ids.clear();
   for (uint32_t p : sp->resident_pages) {
-    for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
       device_ids.push_back(page_id(groups[p], h));
       host_ids.push_back(page_id(sp->host[p], h));
     }

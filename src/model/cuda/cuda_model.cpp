@@ -246,10 +246,7 @@ void CudaModel::drop_graphs() {
 void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) {
   const int64_t out_rows = enqueue_step(chunks, all_logits);
   try {
-    logits.resize(static_cast<size_t>(out_rows * config_.vocab_size));
-    cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                               stream_),
-               "logits download");
+    enqueue_logits_download(out_rows, logits);
     cuda_check(cudaStreamSynchronize(stream_), "forward pass");
   } catch (...) {
     cudaStreamSynchronize(stream_);
@@ -289,18 +286,20 @@ void CudaModel::forward_sampled(std::span<const SequenceChunk> chunks, std::span
     cuda_check(cudaMemcpyAsync(sampled_host_.get(), sampled_.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                stream_),
                "sampled tokens download");
-    if (want_logits) {
-      logits.resize(n * static_cast<size_t>(config_.vocab_size));
-      cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                 stream_),
-                 "logits download");
-    }
+    if (want_logits) enqueue_logits_download(rows, logits);
     cuda_check(cudaStreamSynchronize(stream_), "forward pass");
     tokens.assign(sampled_host_.get(), sampled_host_.get() + n);
   } catch (...) {
     cudaStreamSynchronize(stream_);
     throw;
   }
+}
+
+void CudaModel::enqueue_logits_download(int64_t rows, std::vector<float>& logits) {
+  logits.resize(static_cast<size_t>(rows * config_.vocab_size));
+  cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                             stream_),
+             "logits download");
 }
 
 int64_t CudaModel::enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits) {

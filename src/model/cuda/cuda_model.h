@@ -116,6 +116,8 @@ class CudaModel final : public ForwardModel {
   // Enqueues one step's forward (its graph or its kernels) and returns its logit rows (one per
   // chunk, or per token when all_logits), in chunk order in logits_.
   int64_t enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits);
+  // Enqueues the copy of the first `rows` logit rows into `logits`.
+  void enqueue_logits_download(int64_t rows, std::vector<float>& logits);
   // Enqueues the whole forward for `rows` rows whose inputs were uploaded: embeddings, layers,
   // final norm, the gather of `logit_rows` rows and the LM head.
   void enqueue_forward(DeviceAttention& attention, int64_t rows, int64_t logit_rows);
