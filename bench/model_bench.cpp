@@ -11,16 +11,17 @@
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
-//   --sparse-algorithm quest or seer: sparse decode over the two-tier store (a pinned host tier sized for
+//   --sparse-algorithm quest, seer or shadowkv: sparse decode over the two-tier store (a pinned host tier sized for
 //   the largest batch x context). The device pages get random values, each sequence's uncomputed
 //   context is indexed by its own first decode step, then the batch decodes; the table gives the
-//   cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
+//   time of that first step (the Index of the whole context: ShadowKV's factorisation is most of
+//   it), the cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
 //   step's bound: its HBM bytes at the device copy rate plus its retrieved bytes at the bulk
 //   host-to-device rate, both measured in the same process. Random
 //   keys and random tokens make selections churn more than a real model's would: this is a
 //   retrieval-heavy case, not a typical one. --sparse-algorithm dense-offload: the same store, every
 //   page attended, those outside sinks, window and the first dense layers read over the link by
-//   the attention kernel (counted in the table's retrieved bytes). On one GPU, quest and seer add
+//   the attention kernel (counted in the table's retrieved bytes). On one GPU, the sparse ones add
 //   a second table: where a step's time goes (phases timed by events over 12 eager steps) and the
 //   step against the ideal envelope (Belady's fetches over the same selections and cache slots).
 // Prints markdown tables.
@@ -82,6 +83,7 @@ struct BenchArgs {
   int tensor_parallel_size = 1;
   std::string sparse_algorithm = "dense";
   int64_t sparse_budget = 0;  // tokens per KV head; 0: the algorithm's default
+  int64_t block_size = 16;    // cuda: tokens per KV page (ShadowKV's chunk is 8)
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -264,6 +266,7 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
     phases.score_ms += p.score_ms / kProfileSteps;
     phases.select_ms += p.select_ms / kProfileSteps;
     phases.retrieve_ms += p.retrieve_ms / kProfileSteps;
+    phases.rebuild_ms += p.rebuild_ms / kProfileSteps;
     phases.attention_ms += p.attention_ms / kProfileSteps;
   }
   factory.set_step_profiling(false);
@@ -276,13 +279,17 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
       spin::kv::replay_trace(trace, spin::kv::ReplacementPolicy::Belady,
                              static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
                              64, kProfileWarmSteps);
-  const double belady_bytes = static_cast<double>(belady.misses) * static_cast<double>(end.page_bytes) / kProfileSteps;
+  // The bytes a miss costs, as measured (a whole page; ShadowKV's prompt pages fetch their values only).
+  const double miss_bytes = misses > 0 ? static_cast<double>(end.retrieve_bytes - counted_from.retrieve_bytes) / misses
+                                       : static_cast<double>(end.page_bytes);
+  const double belady_bytes = static_cast<double>(belady.misses) * miss_bytes / kProfileSteps;
   const double ideal = hbm_seconds + belady_bytes / link_bandwidth;
   const double eager_ms = median(eager_seconds) * 1e3;
-  const double rest = eager_ms - phases.score_ms - phases.select_ms - phases.retrieve_ms - phases.attention_ms;
-  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
+  const double rest =
+      eager_ms - phases.score_ms - phases.select_ms - phases.retrieve_ms - phases.rebuild_ms - phases.attention_ms;
+  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
                      batch, context, eager_ms, phases.score_ms, phases.select_ms, phases.retrieve_ms,
-                     phases.attention_ms, rest, hits + misses > 0 ? hits / (hits + misses) : 0.0, belady.hit_rate(),
+                     phases.rebuild_ms, phases.attention_ms, rest, hits + misses > 0 ? hits / (hits + misses) : 0.0, belady.hit_rate(),
                      ideal * 1e3, measured_step / ideal);
 }
 
@@ -344,6 +351,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.max_batch = max_batch;
   kv_config.max_context = max_context;
   kv_config.rope = spin::make_rope_table(c.rope, c.head_dim);
+  kv_config.page_size = a.block_size;
   if (sparse) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
@@ -358,9 +366,6 @@ void run_cuda(const BenchArgs& a) {
   const double pool_seconds = seconds_since(host_start);
   const spin::CudaPagedAttentionFactory& factory = *rank_factories.front();
   factory.validate(settings);
-  if (sparse) {
-    for (auto& f : rank_factories) f->randomize_device_pages(7);
-  }
   // A sequence's KV: one handle per rank (TensorParallelKv) when split, else the store's own.
   auto create_kv = [&](int64_t capacity) -> std::unique_ptr<spin::SequenceKv> {
     if (world == 1) return rank_factories.front()->create(settings, capacity);
@@ -427,9 +432,9 @@ void run_cuda(const BenchArgs& a) {
     // The bound of a sparse step: the bytes it reads from HBM (weights; every page of the dense
     // layers; sinks, selection and window of the sparse ones) at the device copy rate, plus the
     // bytes it retrieves at the bulk host-to-device rate, with no overlap between the two.
-    std::printf("\n| batch | context | decode tok/s | ms/step | cache hit rate | retrieved GB/step (GPU 0) | "
-                "HBM GB/step | bound ms/step | of bound |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("\n| batch | context | first step ms/seq | decode tok/s | ms/step | cache hit rate | "
+                "retrieved GB/step (GPU 0) | HBM GB/step | bound ms/step | of bound |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   } else {
     std::printf("\n| batch | context | decode tok/s | ms/step | bytes read/step | bound tok/s | of bound |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
@@ -448,6 +453,11 @@ void run_cuda(const BenchArgs& a) {
                     static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9);
         continue;
       }
+      // Fresh random pages: an earlier shape's factors or summaries left in them would read as
+      // keys out of any model's range (fp32 bytes as bf16).
+      if (sparse) {
+        for (auto& f : rank_factories) f->randomize_device_pages(7 + static_cast<uint64_t>(batch * context));
+      }
       std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
@@ -459,10 +469,14 @@ void run_cuda(const BenchArgs& a) {
         }
         model->forward(std::span(chunks).first(static_cast<size_t>(end - first)), false, logits);
       };
+      std::vector<double> first_steps;
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(create_kv(capacity));
         append_uncomputed(*seqs.back(), context);
-        if (sparse) decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
+        if (!sparse) continue;
+        const auto start = clock_type::now();
+        decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
+        first_steps.push_back(seconds_since(start));
       }
       // Warm-up: the first step of a shape runs eagerly, the second captures its graph.
       decode_step(0, batch);
@@ -493,9 +507,10 @@ void run_cuda(const BenchArgs& a) {
                                static_cast<double>(after.page_bytes);
         const double bound = hbm / bandwidth + retrieved / link_bandwidth;
         const std::string hit_rate = hits + misses > 0 ? fmt::format("{:.3f}", hits / (hits + misses)) : "-";
-        std::printf("| %lld | %lld | %.1f | %.2f | %s | %.3f | %.2f | %.2f | %.0f%% |\n", static_cast<long long>(batch),
-                    static_cast<long long>(context), batch / step, step * 1e3, hit_rate.c_str(), retrieved / 1e9,
-                    hbm / 1e9, bound * 1e3, 100.0 * bound / step);
+        std::printf("| %lld | %lld | %.1f | %.1f | %.2f | %s | %.3f | %.2f | %.2f | %.0f%% |\n",
+                    static_cast<long long>(batch), static_cast<long long>(context), median(first_steps) * 1e3,
+                    batch / step, step * 1e3, hit_rate.c_str(), retrieved / 1e9, hbm / 1e9, bound * 1e3,
+                    100.0 * bound / step);
         std::fflush(stdout);
         if (world == 1 && a.sparse_algorithm != "dense-offload") {
           breakdown_rows.push_back(sparse_breakdown(*ranks.front(), *rank_factories.front(), settings, capacity,
@@ -576,11 +591,12 @@ void run_cuda(const BenchArgs& a) {
     std::printf("\nWhere a sparse step's time goes: %d eager steps (CUDA graphs off) with events between the "
                 "phases of each sparse layer, summed over layers; the first %d fill the caches and are not "
                 "counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
-                "(same trace, same cache slots) at the bulk host-to-device rate.\n\n",
+                "(same trace, same cache slots; each at the bytes a measured miss cost) at the bulk host-to-device "
+                "rate.\n\n",
                 kProfileWarmSteps + kProfileSteps, kProfileWarmSteps);
-    std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | attention ms | rest ms "
-                "| hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | key rebuild ms | "
+                "attention ms | rest ms | hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   const spin::CudaModel::Stats s = ranks.front()->stats();
@@ -616,9 +632,11 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
       ->capture_default_str();
   app.add_option("--sparse-algorithm", a.sparse_algorithm,
-                 "cuda: dense | quest | seer (sparse decode over a host tier) | dense-offload (every page, read "
-                 "from it)")
-      ->check(CLI::IsMember({"dense", "quest", "seer", "dense-offload"}))
+                 "cuda: dense | quest | seer | shadowkv (sparse decode over a host tier) | dense-offload (every "
+                 "page, read from it)")
+      ->check(CLI::IsMember({"dense", "quest", "seer", "shadowkv", "dense-offload"}))
+      ->capture_default_str();
+  app.add_option("--block-size", a.block_size, "cuda: tokens per KV page, a multiple of 8 in 8..64")
       ->capture_default_str();
   app.add_option("--sparse-budget", a.sparse_budget, "cuda: tokens selected per KV head (0: the algorithm's default)")
       ->capture_default_str();

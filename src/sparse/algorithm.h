@@ -48,6 +48,11 @@ struct IndexInput {
   // Values of the same page (RetroInfer's value sums).
   std::function<const float*(uint32_t kv_head, uint32_t page)> page_values = nullptr;
   const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
+  // The prompt's index at the end of prefill: the pages that are Select candidates at the first
+  // decode step (outside sinks and window; 0 and 0 at later calls). They stay candidates for good,
+  // so what an algorithm keeps among them (ShadowKV's outlier chunks) is always selectable.
+  uint32_t first_candidate = 0;
+  uint32_t end_candidate = 0;
 };
 
 struct SelectQuery {
@@ -138,6 +143,10 @@ class AlgorithmRegistry {
  private:
   std::vector<std::pair<std::string, AlgorithmFactory>> entries_;
 };
+
+// ShadowKV's key rank for a model: the settings' or the published share of a layer's key
+// dimensions (sparse/shadowkv.cpp). The GPU store factorises at the same rank.
+uint32_t shadowkv_rank(const SparseSettings& settings, const AttentionShape& shape);
 
 // For algorithms outside the library (tests, plugins linked as object files):
 //   static const AlgorithmRegistrar reg("name", [](const AlgorithmContext& c) { ... });

@@ -131,7 +131,8 @@ void PagedSparseAttention::finish_prefill() {
   SPIN_CHECK(kv_.num_tokens(request_) == length_,
              "paged attention: prefill ends between layers of a forward pass");
   const uint32_t complete = static_cast<uint32_t>(length_) / settings_.page_size;
-  for (uint32_t l = settings_.first_dense_layers; l < shape_.n_layers; ++l) index_pages(l, 0, complete);
+  const DecodeWindow first_step = settings_.decode_window(static_cast<uint32_t>(length_) / settings_.page_size);
+  for (uint32_t l = settings_.first_dense_layers; l < shape_.n_layers; ++l) index_pages(l, 0, complete, first_step);
   if (settings_.traits.placement != Placement::Device) kv_.finish_prefill(request_);
   prefill_done_ = true;
 }
@@ -152,7 +153,8 @@ void PagedSparseAttention::keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uin
   }
 }
 
-void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page) {
+void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page,
+                                       DecodeWindow candidates) {
   if (layer < settings_.first_dense_layers || end_page <= first_page) return;
   const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
   const size_t page_floats = size_t{settings_.page_size} * shape_.head_dim;
@@ -174,7 +176,9 @@ void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint
                                  page);
                       return reader_->values(device);
                     },
-                .rope = rope_};
+                .rope = rope_,
+                .first_candidate = candidates.sink_end,
+                .end_candidate = std::min(candidates.window_start, end_page)};
   if (settings_.traits.pre_rope_keys) {
     SPIN_CHECK(pre_rope_first_page_[layer] == first_page,
                "paged attention: pages of layer {} indexed out of order", layer);

@@ -56,7 +56,7 @@ class PagedSparseAttention final : public SequenceAttention {
   void decode_attention(uint32_t layer, uint32_t pos, const float* q, float* out);
   // Layer checks, page reservation and K/V writes shared by forward and store_prefill.
   void store_tokens(uint32_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens);
-  void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page);
+  void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page, DecodeWindow candidates = {});
   void keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uint32_t n, const float* k_pre_rope);
 
   kv::KvManager& kv_;

@@ -4,7 +4,10 @@
 //    as the paper factorises a layer's keys) get a rank-r SVD, K ≈ A·Vᵀ, through the eigenvectors
 //    of KᵀK (LAPACK dsyev in double). A [T, r] and V [n_kv·hd, r] are the device-tier factors.
 //    Landmark = mean post-RoPE key of each chunk; per KV head the `outliers` chunks whose keys
-//    have the lowest minimum cosine similarity to their landmark stay resident (exact keys).
+//    have the lowest minimum cosine similarity to their landmark are always selected (exact keys).
+//    They are picked among the prompt chunks outside the sinks and the first decode step's window
+//    (as the paper's code, which leaves those out of the landmarks' range), so every outlier stays
+//    a candidate and each step keeps the same number of them.
 //    Pages filled during decode keep their exact keys: the factors describe the prompt's keys
 //    only (as in the paper, where generated tokens stay in full precision on the GPU); they get
 //    landmarks and compete for the budget like prompt chunks.
@@ -60,11 +63,9 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
         num_kv_heads_(static_cast<uint32_t>(context.shape.n_kv_heads)),
         page_size_(context.layout.page_size),
         outliers_(context.settings->shadowkv_outliers),
-        layers_(static_cast<size_t>(context.shape.n_layers)) {
+        layers_(static_cast<size_t>(context.shape.n_layers)),
+        rank_(shadowkv_rank(*context.settings, context.shape)) {
     const uint32_t width = num_kv_heads_ * head_dim_;
-    const uint32_t published = std::min<uint32_t>(160, (width * 5 + 31) / 32);
-    rank_ = context.settings->shadowkv_rank != 0 ? context.settings->shadowkv_rank
-                                                 : std::min(width, (published + 7) / 8 * 8);
     SPIN_CHECK(rank_ <= width, "shadowkv: rank {} exceeds the {} key dimensions of a layer", rank_,
                width);
   }
@@ -146,6 +147,9 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
       L.outlier.resize(num_kv_heads_);
       L.outlier[g].resize(in.end_page, 0);
       if (in.first_page == 0) {
+        std::erase_if(min_cos, [&](const auto& c) {
+          return c.second < in.first_candidate || c.second >= in.end_candidate;
+        });
         const size_t keep = std::min<size_t>(outliers_, min_cos.size());
         std::partial_sort(min_cos.begin(), min_cos.begin() + static_cast<std::ptrdiff_t>(keep),
                           min_cos.end());
@@ -295,8 +299,8 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
   uint32_t num_kv_heads_;
   uint32_t page_size_;
   uint32_t outliers_;
-  uint32_t rank_ = 0;
   std::vector<Layer> layers_;
+  uint32_t rank_;
   // Latest select (one layer at a time): outliers and rebuilt chunks per KV head.
   uint32_t selected_layer_ = std::numeric_limits<uint32_t>::max();
   std::vector<uint32_t> unbudgeted_;
@@ -305,6 +309,13 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
 };
 
 }  // namespace
+
+uint32_t shadowkv_rank(const SparseSettings& settings, const AttentionShape& shape) {
+  if (settings.shadowkv_rank != 0) return settings.shadowkv_rank;
+  const auto width = static_cast<uint32_t>(shape.n_kv_heads * shape.head_dim);
+  const uint32_t published = std::min<uint32_t>(160, (width * 5 + 31) / 32);
+  return std::min(width, (published + 7) / 8 * 8);
+}
 
 void register_shadowkv(AlgorithmRegistry& registry) {
   registry.add("shadowkv", [](const AlgorithmContext& context) {

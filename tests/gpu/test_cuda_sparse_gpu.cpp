@@ -1,9 +1,10 @@
-// Quest and Seer on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill
+// Quest, Seer and ShadowKV on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill
 // with the KV written through to the host tier, then per decode step and sparse layer the Index,
 // Select and Retrieve kernels and attention over sinks + selected + window pages.
 //
 // References: the same model and store running `dense`. With a budget that covers the whole context,
-// Quest or Seer selects every candidate page, so its outputs must equal dense's up to bf16 noise (the same
+// Quest or Seer selects every candidate page (ShadowKV too, and at full rank its rebuilt keys are
+// the stored ones up to rounding), so its outputs must equal dense's up to bf16 noise (the same
 // tolerance as batching: log-probabilities within 0.15) — and every selected page reached the
 // device through the host tier and the cache, so the write-through, the retrieve's gather and the
 // page lists are all checked. With a small budget the outputs must not depend on the batch (each
@@ -37,11 +38,15 @@ ModelConfig four_layer_config() {
   return c;
 }
 
+// ShadowKV keeps 2 outlier chunks per (layer, KV head) here: its published 48 would be every page
+// of these contexts.
 std::unique_ptr<CudaPagedAttentionFactory> sparse_factory(const ModelConfig& c, const ForwardModel& model,
-                                                          int64_t host_pages) {
+                                                          int64_t host_pages, uint32_t shadowkv_rank = 0) {
   CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 8 * kContext), 8, kContext);
   kv.host_pages = host_pages;
   kv.rope = make_rope_table(c.rope, c.head_dim);
+  kv.shadowkv_rank = shadowkv_rank;
+  kv.shadowkv_outliers = 2;
   return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
 }
 
@@ -55,6 +60,7 @@ AttentionSettings sparse(const char* algorithm, int64_t budget, double fraction)
 
 AttentionSettings quest(int64_t budget, double fraction = 0.0) { return sparse("quest", budget, fraction); }
 AttentionSettings seer(int64_t budget, double fraction = 0.0) { return sparse("seer", budget, fraction); }
+AttentionSettings shadowkv(int64_t budget, double fraction = 0.0) { return sparse("shadowkv", budget, fraction); }
 
 AttentionSettings dense_offload() {
   AttentionSettings s;
@@ -69,10 +75,10 @@ class CudaSparseTest : public GpuTest {
   // to empty afterwards. `usage`: the second store's counters.
   void expect_dense_tokens(CudaModel& model, const ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
                            const std::vector<int64_t>& max_tokens, const AttentionSettings& attention,
-                           KvStoreUsage& usage) {
+                           KvStoreUsage& usage, uint32_t shadowkv_rank = 0) {
     const int64_t host = pages_for(c, kPage, 8 * kContext);
     const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
-    const auto runs = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr,
+    const auto runs = run_engine(model, sparse_factory(c, model, host, shadowkv_rank), prompts, max_tokens, nullptr,
                                  std::vector<AttentionSettings>(prompts.size(), attention), &usage);
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
@@ -139,6 +145,29 @@ TEST_F(CudaSparseTest, SeerSelectingEveryPageEqualsDense) {
   EXPECT_GT(usage.hits, usage.misses);
 }
 
+TEST_F(CudaSparseTest, ShadowKvAtFullRankSelectingEveryPageEqualsDense) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 41);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
+  KvStoreUsage usage;
+  const auto full_rank = static_cast<uint32_t>(c.n_kv_heads * c.head_dim);
+  ASSERT_NO_FATAL_FAILURE(
+      expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, shadowkv(0, 1.0), usage, full_rank));
+  EXPECT_GT(usage.misses, 0u);
+  EXPECT_GT(usage.hits, usage.misses);
+  // The prompt pages' misses fetched their values only (the keys were rebuilt from the factors).
+  EXPECT_LT(usage.retrieve_bytes, usage.misses * static_cast<uint64_t>(usage.page_bytes));
+}
+
+TEST_F(CudaSparseTest, ShadowKvSmallBudgetIsBatchInvariantAndUsesTheCache) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 42);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), shadowkv(48)));
+}
+
 TEST_F(CudaSparseTest, QuestSmallBudgetIsBatchInvariantAndUsesTheCache) {
   const ModelConfig c = four_layer_config();
   const ModelWeights w = wide_margin_weights(c, 32);
@@ -160,9 +189,9 @@ TEST_F(CudaSparseTest, QuestSeerAndDenseRequestsInOneBatchGetTheirTokensAlone) {
   const ModelConfig c = four_layer_config();
   const ModelWeights w = wide_margin_weights(c, 39);
   CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {300, 260, 180, 410, 330});
-  expect_batch_invariant(model, c, prompts, {48, 40, 44, 56, 36},
-                         {seer(64), quest(48), AttentionSettings{}, seer(0, 0.25), dense_offload()});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 260, 180, 410, 330, 290});
+  expect_batch_invariant(model, c, prompts, {48, 40, 44, 56, 36, 50},
+                         {seer(64), quest(48), AttentionSettings{}, seer(0, 0.25), dense_offload(), shadowkv(48)});
 }
 
 TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
@@ -359,7 +388,7 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   EXPECT_NO_THROW(factory->validate(quest(64)));
   EXPECT_NO_THROW(factory->validate(dense_offload()));
   EXPECT_NO_THROW(factory->validate(seer(64)));
-  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest", "seer"}));
+  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest", "seer", "shadowkv"}));
   for (AttentionSettings other_dense_layers : {quest(64), seer(64)}) {
     other_dense_layers.first_dense_layers = 0;
     EXPECT_THROW(factory->validate(other_dense_layers), Error);
@@ -372,9 +401,16 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   page_24.page_size = 24;
   page_24.rope = make_rope_table(c.rope, c.head_dim);
   EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), page_24).validate(seer(64)), Error);
-  AttentionSettings shadow;
-  shadow.algorithm = "shadowkv";
-  EXPECT_THROW(factory->validate(shadow), Error);
+  // ShadowKV also turns stored keys back; its rank must fit the model and the rebuild kernel.
+  EXPECT_NO_THROW(factory->validate(shadowkv(64)));
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), no_rope).validate(shadowkv(64)), Error);
+  CudaPagedKvConfig too_wide = page_24;
+  too_wide.page_size = kPage;
+  too_wide.shadowkv_rank = static_cast<uint32_t>(c.n_kv_heads * c.head_dim + 1);
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), too_wide).validate(shadowkv(64)), Error);
+  AttentionSettings retro;
+  retro.algorithm = "retroinfer";
+  EXPECT_THROW(factory->validate(retro), Error);
   EXPECT_THROW(factory->create(quest(0, 1.5), 256), Error);
 }
 

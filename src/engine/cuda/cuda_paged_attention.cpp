@@ -8,6 +8,7 @@
 #include <span>
 #include <unordered_set>
 
+#include "engine/cuda/shadowkv_factors.h"
 #include "engine/paged_attention_factory.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/gather.h"
@@ -16,6 +17,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/seer_gate.h"
+#include "kernels/cuda/shadowkv.h"
 #include "kernels/cuda/sparse_select.h"
 #include "kv/page_pool.h"
 #include "model/cuda/device_buffer.h"
@@ -38,20 +40,26 @@ constexpr double kPoolMarginBytes = 1.0 * (int64_t{1} << 30);
 constexpr int64_t kMaxGroup = 8;
 // A logical page of a sparse request that has no device group (it lives in the host tier only).
 constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
+// Events per sparse layer of a profiled step: before Index+scores, select, retrieve, the key
+// rebuild and attention, and after attention.
+constexpr int kProfileEvents = 6;
 // Blocks (so SMs) a swap's page copies may use; swaps happen between steps, so the GPU is idle.
 constexpr int kSwapCopyBlocks = 64;
-// The algorithms that keep a request's KV in the host tier, by their registry names: Quest and
-// Seer's training-free gate (Index and Select as sparse/quest.cpp and sparse/seer.cpp), and
-// dense-offload (every page attended, those outside sinks and window read from the host tier at
-// each step). Quest's published defaults set the pool's layout (its first dense layers).
-enum class HostTierAlgorithm : uint8_t { quest, seer, dense_offload };
+// The algorithms that keep a request's KV in the host tier, by their registry names: Quest,
+// Seer's training-free gate and ShadowKV (Index and Select as sparse/quest.cpp, sparse/seer.cpp
+// and sparse/shadowkv.cpp), and dense-offload (every page attended, those outside sinks and
+// window read from the host tier at each step). Quest's published defaults set the pool's layout
+// (its first dense layers).
+enum class HostTierAlgorithm : uint8_t { quest, seer, shadowkv, dense_offload };
 constexpr const char* kQuest = "quest";
 constexpr const char* kSeer = "seer";
+constexpr const char* kShadowKv = "shadowkv";
 constexpr const char* kDenseOffload = "dense-offload";
 
 std::optional<HostTierAlgorithm> host_tier_algorithm(const std::string& name) {
   if (name == kQuest) return HostTierAlgorithm::quest;
   if (name == kSeer) return HostTierAlgorithm::seer;
+  if (name == kShadowKv) return HostTierAlgorithm::shadowkv;
   if (name == kDenseOffload) return HostTierAlgorithm::dense_offload;
   return std::nullopt;
 }
@@ -70,20 +78,22 @@ int64_t summary_chunks_for(int64_t pages) {
 }
 
 // A host-tier sequence's decode step whose token goes to position `pos`: its window, the pages it
-// selects (Quest; dense-offload selects none) and the pages it attends to (sinks, then the
-// selection or, for dense-offload, every candidate, then the window through the current page).
+// selects (dense-offload selects none; ShadowKV its `unbudgeted` outlier chunks beyond the budget)
+// and the pages it attends to (sinks, then the selection or, for dense-offload, every candidate,
+// then the window through the current page).
 struct DecodePlan {
   sparse::DecodeWindow window;
   int64_t selected = 0;
   int64_t attended = 0;
 };
 
-DecodePlan plan_decode(const sparse::ResolvedSettings& r, bool offload, int64_t pos) {
+DecodePlan plan_decode(const sparse::ResolvedSettings& r, bool offload, int64_t pos, int64_t unbudgeted) {
   const auto current = static_cast<uint32_t>(pos / r.page_size);
   DecodePlan plan{.window = r.decode_window(current)};
   const sparse::DecodeWindow& w = plan.window;
-  plan.selected =
-      offload ? 0 : std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(pos + 1)), w.candidates());
+  plan.selected = offload ? 0
+                          : std::min<int64_t>(r.budget_pages(static_cast<uint32_t>(pos + 1)) + unbudgeted,
+                                              w.candidates());
   plan.attended = int64_t{w.sink_end} + (offload ? int64_t{w.candidates()} : plan.selected) + current + 1 -
                   w.window_start;
   return plan;
@@ -118,6 +128,12 @@ struct SparseKv {
   std::vector<uint32_t> host;    // per logical page: its host-tier group
   std::vector<uint32_t> chunks;  // per kSummaryChunkPages logical pages: the summary chunk
   std::vector<uint32_t> cache;   // the cache slots' groups, from the first decode step on
+  // ShadowKV, from the first decode step on: the groups of its factors (the basis's, then A's; see
+  // kernels/cuda/shadowkv.h), the prompt pages they cover (whose keys are rebuilt, not fetched),
+  // and its outlier chunks per (layer, KV head), selected beyond the budget.
+  std::vector<uint32_t> factors;
+  int64_t factored_pages = 0;
+  int64_t unbudgeted = 0;
   bool decoding = false;         // the prefill ended: only sinks, window and cache stay on the device
   uint32_t now = 0;              // decode steps so far (the cache's LRU stamps)
   // Preempted by swap: no device group at all; resident_pages are the logical pages that had one
@@ -153,6 +169,8 @@ class CudaKvStore final : public DeviceAttention {
   int64_t pool_bytes() const { return static_cast<int64_t>(pool_.bytes()); }
   bool has_host_tier() const { return host_groups_total_ > 0; }
   int64_t dense_layers() const { return dense_layers_; }
+  int64_t shadowkv_outliers() const { return shadowkv_outliers_; }
+  int64_t shadowkv_factor_groups(int64_t pages) const { return factor_groups_for(pages); }
   // Resolves a quest request's settings (spin::Error naming what the GPU store cannot run).
   sparse::ResolvedSettings resolve_sparse(const AttentionSettings& settings) const;
   // Cache slots per (layer, KV head): the largest selection of a sequence of max_tokens tokens,
@@ -197,7 +215,9 @@ class CudaKvStore final : public DeviceAttention {
     bool sparse_decode = false; // some decode row selects pages (Quest or Seer)
     bool quest_decode = false;  // some decode row runs Quest's Index and scores
     bool seer_decode = false;   // some decode row runs Seer's
+    bool shadowkv_decode = false;  // some decode row runs ShadowKV's (and rebuilds keys)
     int32_t max_candidates = 0;
+    int32_t max_selected = 0;   // the largest selection of a decode item
     const int32_t* page_of = nullptr;
     const int32_t* low_page_of = nullptr;
     const int32_t* host_page_of = nullptr;
@@ -218,6 +238,19 @@ class CudaKvStore final : public DeviceAttention {
     const int32_t* end_candidate = nullptr;
     const int32_t* quest_end = nullptr;  // end_candidate for Quest rows, first_candidate for others
     const int32_t* seer_end = nullptr;   // the same for Seer rows
+    const int32_t* shadowkv_end = nullptr;  // the same for ShadowKV rows
+    const int32_t* rebuild_end = nullptr;   // per decode row: ShadowKV's factored pages, else 0
+    const int32_t* factor_offsets = nullptr;
+    const int32_t* factor_dir = nullptr;
+    int32_t* rebuild_pages = nullptr;       // written by retrieve, read by the key rebuild
+    int32_t* rebuild_logical = nullptr;
+    int32_t* rebuild_counts = nullptr;
+    // ShadowKV's transitions: per decode row the candidates the outliers come from, per item how
+    // many and where the select writes them.
+    const int32_t* outlier_first = nullptr;
+    const int32_t* outlier_end = nullptr;
+    const int32_t* outlier_counts = nullptr;
+    const int32_t* outlier_offsets = nullptr;
     const int32_t* current_page = nullptr;
     const int32_t* dir_offsets = nullptr;
     const int32_t* summary_dir = nullptr;
@@ -233,6 +266,7 @@ class CudaKvStore final : public DeviceAttention {
     int32_t* decode_pages_mutable = nullptr;  // retrieve writes the selected pages' device ids here
     const int32_t* index_src = nullptr;       // per decode item: the page it completed (Quest), or -1
     const int32_t* seer_index_src = nullptr;  // the same for Seer
+    const int32_t* shadowkv_index_src = nullptr;  // the same for ShadowKV
     const int32_t* index_dst = nullptr;
     const int32_t* index_page = nullptr;      // logical page of index_src / seer_index_src
   };
@@ -241,6 +275,14 @@ class CudaKvStore final : public DeviceAttention {
   // entry, logical page.
   struct IndexList {
     std::vector<int32_t> src, dst, page;
+  };
+  // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
+  // (page_id of each, [page][KV head], from `first` in the flat list) to factorise.
+  struct Factorisation {
+    int64_t row = 0;
+    int64_t pages = 0;
+    int64_t first = 0;
+    int64_t factor_at = 0;  // its factor groups' place in the step's factor directory
   };
 
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
@@ -273,9 +315,26 @@ class CudaKvStore final : public DeviceAttention {
                                 page % cuda::kSummaryChunkPages);
   }
   // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
-  // cache slots, and adds every complete page to `to_index`.
+  // cache slots (and ShadowKV's factor groups, adding its prompt's page ids to `prompt_ids`), and
+  // adds every complete page to `to_index`.
   void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, IndexList& to_index,
-                   cudaStream_t stream);
+                   std::vector<int32_t>& prompt_ids, cudaStream_t stream);
+  // ShadowKV's factor groups for a prompt of `pages` complete pages: the basis's, then A's.
+  int64_t factor_groups_for(int64_t pages) const {
+    const int64_t a = cuda::shadowkv_pages_per_factor_group(static_cast<int>(shape_.n_kv_heads),
+                                                            static_cast<int>(shape_.head_dim),
+                                                            static_cast<int>(shadowkv_rank_));
+    return cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape_.head_dim),
+                                       static_cast<int>(shadowkv_rank_)) +
+           (pages + a - 1) / a;
+  }
+  // The ShadowKV transitions' Index in layer `layer`, after the step's tables are up: landmarks of
+  // their prompt pages (src / dst / score_at: num_pages entries of the step tables), outlier
+  // chunks, and the factorisation of each job's keys (prompt_ids: the jobs' page lists). Waits
+  // for the stream.
+  void shadowkv_transition(int64_t layer, const std::vector<Factorisation>& jobs, int64_t num_pages,
+                           const int32_t* src, const int32_t* dst, const int32_t* score_at,
+                           const int32_t* prompt_ids, cudaStream_t stream);
 
   AttentionShape shape_;
   int device_;
@@ -295,7 +354,17 @@ class CudaKvStore final : public DeviceAttention {
   sparse::AlgorithmTraits seer_traits_;
   int64_t seer_block_pages_ = 0;     // pages per Seer block; 0: seer is unavailable, for seer_refusal_
   std::string seer_refusal_;
-  DeviceBuffer<float> inv_freq_;     // the model's RoPE, for Seer
+  // ShadowKV's defaults, with the pool's first dense layers; its key rank (the store's, every
+  // request's) and outlier chunks; empty refusal: available.
+  sparse::AlgorithmTraits shadowkv_traits_;
+  int64_t shadowkv_rank_ = 0;
+  int64_t shadowkv_outliers_ = 0;
+  std::string shadowkv_refusal_;
+  std::unique_ptr<ShadowKvFactorizer> factorizer_;
+  DeviceBuffer<float> logits_;              // ShadowKV's per-head logits (score scratch)
+  DeviceBuffer<int32_t> outlier_pages_;     // the transitions' outlier chunks (select scratch)
+  DeviceBuffer<unsigned long long> value_only_;  // per decode row: misses that fetched values only
+  DeviceBuffer<float> inv_freq_;     // the model's RoPE, for Seer and ShadowKV
   bool neox_ = true;
   int64_t host_groups_total_ = 0;  // host-tier groups, its scratch group (the last) included
   int64_t chunks_total_ = 0;
@@ -499,16 +568,35 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     seer_traits_ = algorithm_traits(kSeer, shape, page_size_);
     seer_traits_.first_dense_layers = static_cast<uint32_t>(dense_layers_);
     const uint32_t block = sparse::SparseSettings{}.seer_block_tokens;
+    shadowkv_traits_ = algorithm_traits(kShadowKv, shape, page_size_);
+    shadowkv_traits_.first_dense_layers = static_cast<uint32_t>(dense_layers_);
+    sparse::SparseSettings shadowkv{.algorithm = kShadowKv, .shadowkv_rank = c.shadowkv_rank};
+    shadowkv.shadowkv_outliers = c.shadowkv_outliers.value_or(shadowkv.shadowkv_outliers);
+    shadowkv_rank_ = sparse::shadowkv_rank(shadowkv, shape);
+    shadowkv_outliers_ = shadowkv.shadowkv_outliers;
+    const int64_t width = shape.n_kv_heads * shape.head_dim;
+    const int64_t max_rank = std::min<int64_t>(
+        {width, page_size_ * shape.head_dim,
+         cuda::shadowkv_max_rank(static_cast<int>(shape.head_dim), static_cast<int>(page_size_))});
     if (c.rope.inv_freq.size() != static_cast<size_t>(shape.head_dim / 2)) {
       seer_refusal_ = "seer on the CUDA backend needs the model's RoPE table (the store was made without it)";
-    } else if (block % page_size_ != 0) {
-      seer_refusal_ = fmt::format("seer's {}-token blocks are not whole {}-token pages (--block-size)", block, page_size_);
+      shadowkv_refusal_ = "shadowkv on the CUDA backend needs the model's RoPE table (the store was made without it)";
     } else {
-      seer_block_pages_ = block / page_size_;
       inv_freq_.reserve(c.rope.inv_freq.size(), "RoPE frequencies");
       cuda_check(cudaMemcpy(inv_freq_.get(), c.rope.inv_freq.data(), inv_freq_.bytes(), cudaMemcpyHostToDevice),
                  "RoPE frequencies upload");
       neox_ = c.rope.neox;
+      if (block % page_size_ != 0) {
+        seer_refusal_ = fmt::format("seer's {}-token blocks are not whole {}-token pages (--block-size)", block, page_size_);
+      } else {
+        seer_block_pages_ = block / page_size_;
+      }
+      if (shadowkv_rank_ < 4 || shadowkv_rank_ > max_rank || shadowkv_rank_ % 4 != 0) {
+        shadowkv_refusal_ = fmt::format("shadowkv's key rank {} is not a multiple of 4 in 4..{} (the CUDA backend's "
+                                        "bound for this model and {}-token pages)", shadowkv_rank_, max_rank, page_size_);
+      } else {
+        factorizer_ = std::make_unique<ShadowKvFactorizer>(device_);
+      }
     }
   }
   // The clears run on the legacy stream, which the model's non-blocking stream does not wait for.
@@ -531,6 +619,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     scores_.reserve(static_cast<size_t>(max_rows * shape.n_kv_heads * candidates), "Quest page scores");
     counters_.reserve(static_cast<size_t>(max_rows * 3), "KV cache counters");
     cuda_check(cudaMemset(counters_.get(), 0, counters_.bytes()), "KV cache counters clear");
+    value_only_.reserve(static_cast<size_t>(max_rows), "KV cache counters");
+    cuda_check(cudaMemset(value_only_.get(), 0, value_only_.bytes()), "KV cache counters clear");
     cache_error_.reserve(1, "KV cache error flag");
     cuda_check(cudaMemset(cache_error_.get(), 0, cache_error_.bytes()), "KV cache error flag clear");
     cache_error_seen_.reserve(1);
@@ -559,14 +649,17 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
              settings.algorithm);
   const HostTierAlgorithm algorithm = *host_tier_algorithm(settings.algorithm);
   SPIN_CHECK(algorithm != HostTierAlgorithm::seer || seer_block_pages_ > 0, "{}", seer_refusal_);
+  SPIN_CHECK(algorithm != HostTierAlgorithm::shadowkv || factorizer_ != nullptr, "{}", shadowkv_refusal_);
   kv::KvConfig store;
   store.layout = store_layout(shape_, page_size_);
   // dense-offload keeps Quest's sinks, window and first dense layers (the pool's layout); its
   // budget is unused.
   sparse::SparseSettings s = to_sparse_settings(settings);
   if (algorithm == HostTierAlgorithm::dense_offload) s.algorithm = kQuest;
-  sparse::ResolvedSettings r = sparse::resolve_settings(
-      s, algorithm == HostTierAlgorithm::seer ? seer_traits_ : quest_traits_, shape_, store);
+  const sparse::AlgorithmTraits& traits = algorithm == HostTierAlgorithm::seer       ? seer_traits_
+                                          : algorithm == HostTierAlgorithm::shadowkv ? shadowkv_traits_
+                                                                                     : quest_traits_;
+  sparse::ResolvedSettings r = sparse::resolve_settings(s, traits, shape_, store);
   r.algorithm = settings.algorithm;
   SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
              "on the CUDA backend {} runs with its {} first dense layers, not {}", settings.algorithm, dense_layers_,
@@ -576,7 +669,8 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
 
 int64_t CudaKvStore::selection_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
   if (r.algorithm == kDenseOffload) return 0;
-  const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX)));
+  const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX))) +
+                          (r.algorithm == kShadowKv ? shadowkv_outliers_ : 0);
   SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
              "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
              std::min<int64_t>(cuda::kMaxSelectedPages, max_cache_slots_));
@@ -668,6 +762,8 @@ void CudaKvStore::release(std::vector<uint32_t>& groups, SparseKv* sparse) {
   for (uint32_t g : sparse->low) low_groups_.free(g);
   for (uint32_t g : sparse->host) host_pool_.free(g);
   for (uint32_t g : sparse->chunks) chunk_pool_.free(g);
+  for (uint32_t g : sparse->factors) groups_.free(g);
+  sparse->factors.clear();
   sparse->cache.clear();
   sparse->low.clear();
   sparse->host.clear();
@@ -698,7 +794,15 @@ KvStoreUsage CudaKvStore::usage() const {
         u.misses += counters[i + 1];
         u.evictions += counters[i + 2];
       }
-      u.retrieve_bytes = u.misses * static_cast<uint64_t>(u.page_bytes);
+      // ShadowKV's misses of prompt pages fetch only their values (the keys are rebuilt).
+      uint64_t value_only = 0;
+      std::vector<unsigned long long> values(value_only_.size());
+      if (!values.empty() &&
+          cudaMemcpy(values.data(), value_only_.get(), value_only_.bytes(), cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (unsigned long long v : values) value_only += v;
+      }
+      u.retrieve_bytes = (u.misses - value_only) * static_cast<uint64_t>(u.page_bytes) +
+                         value_only * static_cast<uint64_t>(u.page_bytes / 2);
     } else {
       cudaGetLastError();
     }
@@ -708,7 +812,8 @@ KvStoreUsage CudaKvStore::usage() const {
 
 bool CudaKvStore::can_swap(const CudaSequenceKv& kv) const {
   const SparseKv* sp = kv.sparse();
-  return sp != nullptr && sp->decoding && !sp->swapped;
+  // ShadowKV's factors live only on the device: it is preempted by recomputation.
+  return sp != nullptr && sp->decoding && !sp->swapped && sp->algorithm != HostTierAlgorithm::shadowkv;
 }
 
 void CudaKvStore::copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
@@ -801,7 +906,7 @@ void CudaKvStore::set_step_profiling(bool on) {
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
   profiling_ = on;
   profile_counts_.clear();
-  const auto events = static_cast<size_t>(5 * (shape_.n_layers - dense_layers_));
+  const auto events = static_cast<size_t>(kProfileEvents * (shape_.n_layers - dense_layers_));
   while (on && profile_events_.size() < events) {
     cudaEvent_t e = nullptr;
     cuda_check(cudaEventCreate(&e), "profile event creation");
@@ -815,11 +920,12 @@ SparseStepProfile CudaKvStore::last_step_profile() const {
   cuda_check(cudaEventSynchronize(profile_events_.back()), "profiled step");
   SparseStepProfile out;
   out.kv_heads = shape_.n_kv_heads;
-  double* phases[4] = {&out.score_ms, &out.select_ms, &out.retrieve_ms, &out.attention_ms};
+  double* phases[kProfileEvents - 1] = {&out.score_ms, &out.select_ms, &out.retrieve_ms, &out.rebuild_ms,
+                                        &out.attention_ms};
   const int64_t layers = shape_.n_layers - dense_layers_;
   for (int64_t l = 0; l < layers; ++l) {
-    const cudaEvent_t* e = profile_events_.data() + 5 * l;
-    for (int k = 0; k < 4; ++k) {
+    const cudaEvent_t* e = profile_events_.data() + kProfileEvents * l;
+    for (int k = 0; k < kProfileEvents - 1; ++k) {
       float ms = 0.0f;
       cuda_check(cudaEventElapsedTime(&ms, e[k], e[k + 1]), "profile event time");
       *phases[k] += ms;
@@ -861,10 +967,21 @@ cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
 }
 
 void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
-                              IndexList& to_index, cudaStream_t stream) {
+                              IndexList& to_index, std::vector<int32_t>& prompt_ids, cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
+  if (sp.algorithm == HostTierAlgorithm::shadowkv) {
+    sp.factored_pages = pos / page_size_;
+    for (int64_t p = 0; p < sp.factored_pages; ++p) {
+      for (int64_t h = 0; h < heads; ++h) prompt_ids.push_back(page_id(groups[static_cast<size_t>(p)], h));
+    }
+    // Before the prompt's groups go back: the factorisation reads them while it writes these.
+    std::lock_guard lock(mutex_);
+    while (static_cast<int64_t>(sp.factors.size()) < factor_groups_for(sp.factored_pages)) {
+      sp.factors.push_back(groups_.alloc());
+    }
+  }
   for (int64_t p = 0; p < (sp.offload() ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
       to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
@@ -883,6 +1000,70 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
   }
   reset_cache_slots(sp.cache, stream);
   sp.decoding = true;
+}
+
+void CudaKvStore::shadowkv_transition(int64_t layer, const std::vector<Factorisation>& jobs, int64_t num_pages,
+                                      const int32_t* src, const int32_t* dst, const int32_t* score_at,
+                                      const int32_t* prompt_ids, cudaStream_t stream) {
+  bf16* pool = pool_.get() + layer_offset(layer);
+  bf16* summaries = summaries_.get() + summary_layer_offset(layer);
+  const int heads = static_cast<int>(shape_.n_kv_heads);
+  cuda::ShadowKvIndexParams index;
+  index.kv_pool = pool;
+  index.src_pages = src;
+  index.dst_entries = dst;
+  index.num_pages = static_cast<int>(num_pages);
+  index.head_dim = static_cast<int>(shape_.head_dim);
+  index.page_size = static_cast<int>(page_size_);
+  index.summaries = summaries;
+  index.min_cos = scores_.get();
+  index.min_cos_at = score_at;
+  cuda_check(cuda::shadowkv_index_pages(index, stream), "ShadowKV index of the prompt");
+  cuda::SelectTopParams select;
+  select.scores = scores_.get();
+  select.max_candidates = step_.max_candidates;
+  select.first_candidate = step_.outlier_first;
+  select.end_candidate = step_.outlier_end;
+  select.counts = step_.outlier_counts;
+  select.out_offsets = step_.outlier_offsets;
+  select.num_seqs = static_cast<int>(step_.decode_rows);
+  select.num_kv_heads = heads;
+  select.out_pages = outlier_pages_.get();
+  cuda_check(cuda::select_top_pages(select, stream), "ShadowKV outlier select");
+  cuda::ShadowKvOutlierParams outliers;
+  outliers.pages = outlier_pages_.get();
+  outliers.offsets = step_.outlier_offsets;
+  outliers.counts = step_.outlier_counts;
+  outliers.summary_dir = step_.summary_dir;
+  outliers.dir_offsets = step_.dir_offsets;
+  outliers.num_seqs = static_cast<int>(step_.decode_rows);
+  outliers.num_kv_heads = heads;
+  outliers.head_dim = static_cast<int>(shape_.head_dim);
+  outliers.summaries = summaries;
+  cuda_check(cuda::shadowkv_mark_outliers(outliers, stream), "ShadowKV outlier flags");
+  const int basis = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape_.head_dim),
+                                                static_cast<int>(shadowkv_rank_));
+  for (const Factorisation& job : jobs) {
+    if (job.pages == 0) continue;
+    cuda::ShadowKvUnrotateParams keys;
+    keys.kv_pool = pool;
+    keys.pages = prompt_ids + job.first;
+    keys.num_pages = static_cast<int>(job.pages);
+    keys.num_kv_heads = heads;
+    keys.head_dim = static_cast<int>(shape_.head_dim);
+    keys.page_size = static_cast<int>(page_size_);
+    keys.inv_freq = inv_freq_.get();
+    keys.neox = neox_;
+    cuda::ShadowKvStoreParams store;
+    store.kv_pool = pool;
+    store.basis_groups = step_.factor_dir + job.factor_at;
+    store.factor_groups = store.basis_groups + basis;
+    store.num_kv_heads = heads;
+    store.head_dim = keys.head_dim;
+    store.page_size = keys.page_size;
+    store.rank = static_cast<int>(shadowkv_rank_);
+    factorizer_->factorize(keys, store, stream);
+  }
 }
 
 DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, int64_t rows, cudaStream_t stream) {
@@ -946,13 +1127,21 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     SPIN_CHECK(n == 1 && chunk.pos0 == kv->length(),
                "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
     const bool new_page = chunk.pos0 % ps == 0;
-    plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0);
+    const bool shadowkv = sp->algorithm == HostTierAlgorithm::shadowkv;
+    if (shadowkv && !sp->decoding) {
+      // The outliers come from the first decode step's candidates (sparse/shadowkv.cpp).
+      const auto current = static_cast<uint32_t>(chunk.pos0 / ps);
+      sp->unbudgeted = std::min<int64_t>(shadowkv_outliers_, sp->settings.decode_window(current).candidates());
+    }
+    plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0, sp->unbudgeted);
     const sparse::DecodeWindow& w = plans[i].window;
     if (!sp->decoding) {
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
-      // Another sequence's allocation may come before this one's pages are freed.
-      need_main += std::max<int64_t>(0, sp->cache_target() - (held - kept)) + (new_page ? 1 : 0);
+      // Another sequence's allocation may come before this one's pages are freed; ShadowKV's
+      // factor groups are taken before.
+      need_main += std::max<int64_t>(0, sp->cache_target() - (held - kept)) + (new_page ? 1 : 0) +
+                   (shadowkv ? factor_groups_for(chunk.pos0 / ps) : 0);
     } else if (new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =
@@ -978,7 +1167,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   }
 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
-  IndexList quest_transitions, seer_transitions;
+  IndexList quest_transitions, seer_transitions, shadowkv_transitions;
+  std::vector<Factorisation> factorisations;
+  std::vector<int32_t> prompt_ids;
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -1000,7 +1191,14 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     const sparse::DecodeWindow w = plans[i].window;
     if (!sp->decoding) {  // takes the lock itself
-      end_prefill(kv, pos, w, sp->algorithm == HostTierAlgorithm::seer ? seer_transitions : quest_transitions, stream);
+      const auto first_id = static_cast<int64_t>(prompt_ids.size());
+      IndexList& to_index = sp->algorithm == HostTierAlgorithm::seer       ? seer_transitions
+                            : sp->algorithm == HostTierAlgorithm::shadowkv ? shadowkv_transitions
+                                                                           : quest_transitions;
+      end_prefill(kv, pos, w, to_index, prompt_ids, stream);
+      if (sp->algorithm == HostTierAlgorithm::shadowkv) {
+        factorisations.push_back({static_cast<int64_t>(i), sp->factored_pages, first_id});
+      }
     }
     ++sp->now;
     if (pos % ps != 0) continue;
@@ -1053,14 +1251,19 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_first = take(decode_rows), at_end = take(decode_rows), at_quest_end = take(decode_rows),
                 at_seer_end = take(decode_rows), at_current_page = take(decode_rows), at_dir_offsets = take(decode_rows),
                 at_host_offsets = take(decode_rows), at_cache_offsets = take(decode_rows + 1), at_now = take(decode_rows);
+  const int64_t at_shadowkv_end = take(decode_rows), at_rebuild_end = take(decode_rows),
+                at_factor_offsets = take(decode_rows), at_outlier_first = take(decode_rows),
+                at_outlier_end = take(decode_rows);
   const int64_t at_counts = take(items), at_needed_offsets = take(items), at_out_offsets = take(items),
-                at_index_src = take(items), at_seer_index_src = take(items), at_index_dst = take(items),
-                at_index_page = take(items);
+                at_index_src = take(items), at_seer_index_src = take(items), at_shadowkv_index_src = take(items),
+                at_index_dst = take(items), at_index_page = take(items), at_outlier_counts = take(items),
+                at_outlier_offsets = take(items);
   const int64_t fixed_end = total;
+  const int64_t at_rebuild_counts = take(items);  // written on the device
 
   // List sizes of this step.
   int64_t decode_entries = 0, low_decode_entries = 0, prefill_entries = 0, needed_entries = 0, dir_entries = 0,
-          host_entries = 0, cache_entries = 0;
+          host_entries = 0, cache_entries = 0, factor_entries = 0;
   for (int64_t i = 0; i < n_chunks; ++i) {
     const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
     CudaSequenceKv& kv = *seqs[static_cast<size_t>(i)];
@@ -1080,6 +1283,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     dir_entries += static_cast<int64_t>(sp->chunks.size());
     host_entries += static_cast<int64_t>(sp->host.size());
     cache_entries += static_cast<int64_t>(sp->cache.size());
+    factor_entries += static_cast<int64_t>(sp->factors.size());
   }
   const auto room = [&](int64_t used, int64_t bound) { return decode_only ? std::max(used, bound) : used; };
   const int64_t at_decode_pages = take(room(decode_entries, items * max_pages));
@@ -1088,12 +1292,21 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_summary_dir = take(room(dir_entries, decode_rows * summary_chunks_for(max_pages)));
   const int64_t at_host_groups = take(room(host_entries, decode_rows * max_pages));
   const int64_t at_cache_groups = take(room(cache_entries, decode_rows * max_cache_slots_));
+  const int64_t at_factor_dir =
+      take(room(factor_entries, shadowkv_rank_ > 0 ? decode_rows * factor_groups_for(max_pages) : 0));
+  const int64_t at_rebuild_pages = take(room(needed_entries, items * max_pages));
+  const int64_t at_rebuild_logical = take(room(needed_entries, items * max_pages));
   const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
   const auto transitions = static_cast<int64_t>(quest_transitions.src.size());
   const int64_t at_transition_src = take(transitions), at_transition_dst = take(transitions);
   const auto seer_transitions_n = static_cast<int64_t>(seer_transitions.src.size());
   const int64_t at_seer_transition_src = take(seer_transitions_n), at_seer_transition_dst = take(seer_transitions_n),
                 at_seer_transition_page = take(seer_transitions_n);
+  const auto shadowkv_transitions_n = static_cast<int64_t>(shadowkv_transitions.src.size());
+  const int64_t at_shadowkv_transition_src = take(shadowkv_transitions_n),
+                at_shadowkv_transition_dst = take(shadowkv_transitions_n),
+                at_shadowkv_transition_score = take(shadowkv_transitions_n),
+                at_prompt_ids = take(static_cast<int64_t>(prompt_ids.size()));
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
@@ -1108,7 +1321,16 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                                 "decode split-K workspace");
     if (has_host_tier()) {
       moved |= scores_.reserve(static_cast<size_t>(items * max_pages), "Quest page scores");
+      const bool shadowkv_rows = std::any_of(seqs.begin(), seqs.begin() + n_single, [](const CudaSequenceKv* kv) {
+        return kv->sparse() != nullptr && kv->sparse()->algorithm == HostTierAlgorithm::shadowkv;
+      });
+      if (shadowkv_rows) {
+        moved |= logits_.reserve(static_cast<size_t>(cuda::shadowkv_score_scratch(items, static_cast<int>(group_size_),
+                                                                                  static_cast<int>(max_pages))),
+                                 "ShadowKV logits");
+      }
       moved |= counters_.reserve(static_cast<size_t>(decode_rows * 3), "KV cache counters");
+      moved |= value_only_.reserve(static_cast<size_t>(decode_rows), "KV cache counters");
     }
   }
   if (moved) epoch_ = new_buffers_epoch();
@@ -1144,10 +1366,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_slot_of + row] = 0;
     }
   }
-  bool quest_decode = false, seer_decode = false;
+  bool quest_decode = false, seer_decode = false, shadowkv_decode = false;
+  int32_t max_selected = 0;
   {
     int64_t decode_at = 0, low_decode_at = 0, prefill_at = 0, token_at = 0, needed_at = 0, dir_at = 0, host_at = 0,
-            cache_at = 0;
+            cache_at = 0, factor_at = 0;
     t[at_decode_offsets] = t[at_low_decode_offsets] = t[at_prefill_offsets] = t[at_prefill_token_offsets] = 0;
     t[at_cache_offsets] = 0;
     // An item that selects and indexes nothing (dense and padding rows; sparse rows overwrite).
@@ -1155,8 +1378,10 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_counts + item] = 0;
       t[at_needed_offsets + item] = static_cast<int32_t>(needed_at);
       t[at_out_offsets + item] = 0;
-      t[at_index_src + item] = t[at_seer_index_src + item] = -1;
+      t[at_index_src + item] = t[at_seer_index_src + item] = t[at_shadowkv_index_src + item] = -1;
       t[at_index_dst + item] = t[at_index_page + item] = 0;
+      t[at_outlier_counts + item] = 0;
+      t[at_outlier_offsets + item] = static_cast<int32_t>(item * shadowkv_outliers_);
     };
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
@@ -1213,10 +1438,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
           for (int64_t j = w.window_start; j <= cur; ++j) list[len++] = page_id(groups[static_cast<size_t>(j)], h);
           t[at_decode_tokens + item] = static_cast<int32_t>((len - 1) * ps + chunk.pos0 % ps + 1);
           t[at_counts + item] = static_cast<int32_t>(k);
+          max_selected = std::max(max_selected, static_cast<int32_t>(k));
           needed_at += k;
           if (!sp->offload() && (chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
-            const bool seer = sp->algorithm == HostTierAlgorithm::seer;
-            t[(seer ? at_seer_index_src : at_index_src) + item] = page_id(groups[static_cast<size_t>(cur)], h);
+            const int64_t at_src = sp->algorithm == HostTierAlgorithm::seer       ? at_seer_index_src
+                                   : sp->algorithm == HostTierAlgorithm::shadowkv ? at_shadowkv_index_src
+                                                                                  : at_index_src;
+            t[at_src + item] = page_id(groups[static_cast<size_t>(cur)], h);
             t[at_index_dst + item] =
                 summary_entry(sp->chunks[static_cast<size_t>(cur / cuda::kSummaryChunkPages)], h, cur);
             t[at_index_page + item] = static_cast<int32_t>(cur);
@@ -1234,16 +1462,22 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_end + i] = static_cast<int32_t>(sp != nullptr && sp->offload() ? w.sink_end : w.window_start);
       t[at_quest_end + i] = scored_by(HostTierAlgorithm::quest);
       t[at_seer_end + i] = scored_by(HostTierAlgorithm::seer);
+      t[at_shadowkv_end + i] = scored_by(HostTierAlgorithm::shadowkv);
       t[at_current_page + i] = static_cast<int32_t>(cur);
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
       t[at_now + i] = static_cast<int32_t>(sp ? sp->now : 0);
+      t[at_rebuild_end + i] = static_cast<int32_t>(sp ? sp->factored_pages : 0);
+      t[at_factor_offsets + i] = static_cast<int32_t>(factor_at);
+      t[at_outlier_first + i] = t[at_outlier_end + i] = 0;
       if (sp != nullptr) {
         quest_decode |= sp->algorithm == HostTierAlgorithm::quest;
         seer_decode |= sp->algorithm == HostTierAlgorithm::seer;
+        shadowkv_decode |= sp->algorithm == HostTierAlgorithm::shadowkv;
         for (uint32_t c : sp->chunks) t[at_summary_dir + dir_at++] = static_cast<int32_t>(c);
         for (uint32_t g : sp->host) t[at_host_groups + host_at++] = static_cast<int32_t>(g);
         for (uint32_t g : sp->cache) t[at_cache_groups + cache_at++] = static_cast<int32_t>(g);
+        for (uint32_t g : sp->factors) t[at_factor_dir + factor_at++] = static_cast<int32_t>(g);
       }
       t[at_cache_offsets + i + 1] = static_cast<int32_t>(cache_at);
     }
@@ -1257,8 +1491,10 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         select_nothing(item);
       }
       t[at_first + i] = t[at_end + i] = t[at_quest_end + i] = t[at_seer_end + i] = t[at_current_page + i] = 0;
+      t[at_shadowkv_end + i] = t[at_rebuild_end + i] = t[at_outlier_first + i] = t[at_outlier_end + i] = 0;
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
+      t[at_factor_offsets + i] = static_cast<int32_t>(factor_at);
       t[at_now + i] = 0;
       t[at_cache_offsets + i + 1] = static_cast<int32_t>(cache_at);
     }
@@ -1268,9 +1504,36 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   std::copy(seer_transitions.src.begin(), seer_transitions.src.end(), t + at_seer_transition_src);
   std::copy(seer_transitions.dst.begin(), seer_transitions.dst.end(), t + at_seer_transition_dst);
   std::copy(seer_transitions.page.begin(), seer_transitions.page.end(), t + at_seer_transition_page);
+  // ShadowKV's transitions: the outliers are the `unbudgeted` lowest cosines among the first
+  // decode step's candidates; their negated cosines go where select_top_pages reads the row's
+  // scores.
+  for (const Factorisation& f : factorisations) {
+    const SparseKv& sp = *seqs[static_cast<size_t>(f.row)]->sparse();
+    const sparse::DecodeWindow& w = plans[static_cast<size_t>(f.row)].window;
+    t[at_outlier_first + f.row] = static_cast<int32_t>(w.sink_end);
+    t[at_outlier_end + f.row] = static_cast<int32_t>(w.window_start);
+    for (int64_t h = 0; h < heads; ++h) t[at_outlier_counts + f.row * heads + h] = static_cast<int32_t>(sp.unbudgeted);
+  }
+  std::copy(shadowkv_transitions.src.begin(), shadowkv_transitions.src.end(), t + at_shadowkv_transition_src);
+  std::copy(shadowkv_transitions.dst.begin(), shadowkv_transitions.dst.end(), t + at_shadowkv_transition_dst);
+  {
+    int64_t n = 0;
+    for (const Factorisation& f : factorisations) {
+      const sparse::DecodeWindow& w = plans[static_cast<size_t>(f.row)].window;
+      for (int64_t p = 0; p < f.pages; ++p) {
+        for (int64_t h = 0; h < heads; ++h, ++n) {
+          const bool candidate = p >= int64_t{w.sink_end} && p < int64_t{w.window_start};
+          t[at_shadowkv_transition_score + n] =
+              candidate ? static_cast<int32_t>((f.row * heads + h) * max_pages + (p - w.sink_end)) : -1;
+        }
+      }
+    }
+  }
+  std::copy(prompt_ids.begin(), prompt_ids.end(), t + at_prompt_ids);
+  for (Factorisation& f : factorisations) f.factor_at = t[at_factor_offsets + f.row];
 
   profile_counts_.clear();
-  if (profiling_ && (quest_decode || seer_decode)) {
+  if (profiling_ && (quest_decode || seer_decode || shadowkv_decode)) {
     profile_counts_.assign(t + at_counts, t + at_counts + items);
     profile_offsets_.assign(t + at_needed_offsets, t + at_needed_offsets + items);
     profile_entries_ = needed_entries;
@@ -1290,6 +1553,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   upload(at_summary_dir, dir_entries);
   upload(at_host_groups, host_entries);
   upload(at_cache_groups, cache_entries);
+  upload(at_factor_dir, factor_entries);
   upload(at_prefill_pages, total - at_prefill_pages);
   cuda_check(cudaEventRecord(upload_done_, stream), "KV table upload");
 
@@ -1303,10 +1567,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .max_new_tokens = max_new_tokens,
                .context_bucket = bucket,
                .sparse_rows = sparse_rows,
-               .sparse_decode = quest_decode || seer_decode,
+               .sparse_decode = quest_decode || seer_decode || shadowkv_decode,
                .quest_decode = quest_decode,
                .seer_decode = seer_decode,
+               .shadowkv_decode = shadowkv_decode,
                .max_candidates = static_cast<int32_t>(max_pages),
+               .max_selected = max_selected,
                .page_of = d + at_page_of,
                .low_page_of = d + at_low_page_of,
                .host_page_of = d + at_host_page_of,
@@ -1326,6 +1592,17 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .end_candidate = d + at_end,
                .quest_end = d + at_quest_end,
                .seer_end = d + at_seer_end,
+               .shadowkv_end = d + at_shadowkv_end,
+               .rebuild_end = d + at_rebuild_end,
+               .factor_offsets = d + at_factor_offsets,
+               .factor_dir = d + at_factor_dir,
+               .rebuild_pages = d + at_rebuild_pages,
+               .rebuild_logical = d + at_rebuild_logical,
+               .rebuild_counts = d + at_rebuild_counts,
+               .outlier_first = d + at_outlier_first,
+               .outlier_end = d + at_outlier_end,
+               .outlier_counts = d + at_outlier_counts,
+               .outlier_offsets = d + at_outlier_offsets,
                .current_page = d + at_current_page,
                .dir_offsets = d + at_dir_offsets,
                .summary_dir = d + at_summary_dir,
@@ -1341,6 +1618,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .decode_pages_mutable = d + at_decode_pages,
                .index_src = d + at_index_src,
                .seer_index_src = d + at_seer_index_src,
+               .shadowkv_index_src = d + at_shadowkv_index_src,
                .index_dst = d + at_index_dst,
                .index_page = d + at_index_page};
 
@@ -1365,9 +1643,18 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     p.num_pages = static_cast<int>(seer_transitions_n);
     cuda_check(cuda::seer_index_pages(p, stream), "Seer index of the prompt");
   }
+  if (!factorisations.empty()) {
+    // The outlier selection writes its pages per item at item * outliers.
+    outlier_pages_.reserve(static_cast<size_t>(std::max<int64_t>(1, items * shadowkv_outliers_)), "ShadowKV outliers");
+    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+      shadowkv_transition(l, factorisations, shadowkv_transitions_n, d + at_shadowkv_transition_src,
+                          d + at_shadowkv_transition_dst, d + at_shadowkv_transition_score, d + at_prompt_ids, stream);
+    }
+  }
   // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run.
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,
-                          (sparse_rows ? 1u : 0u) | (quest_decode ? 2u : 0u) | (seer_decode ? 4u : 0u)};
+                          (sparse_rows ? 1u : 0u) | (quest_decode ? 2u : 0u) | (seer_decode ? 4u : 0u) |
+                              (shadowkv_decode ? 8u : 0u)};
 }
 
 void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
@@ -1398,7 +1685,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
                "decode query copy");
     const int decode_rows = static_cast<int>(step_.decode_rows);
     const bool profiled = !profile_counts_.empty() && step_.sparse_decode && !dense_layer;
-    cudaEvent_t* events = profiled ? profile_events_.data() + 5 * (layer - dense_layers_) : nullptr;
+    cudaEvent_t* events = profiled ? profile_events_.data() + kProfileEvents * (layer - dense_layers_) : nullptr;
     const auto mark = [&](int phase) {
       if (events) cuda_check(cudaEventRecord(events[phase], stream), "profile event");
     };
@@ -1457,6 +1744,33 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         score.scores = scores_.get();
         cuda_check(cuda::seer_score_pages(score, stream), "Seer scores");
       }
+      if (step_.shadowkv_decode) {
+        cuda::ShadowKvIndexParams index;
+        index.kv_pool = pool;
+        index.src_pages = step_.shadowkv_index_src;
+        index.dst_entries = step_.index_dst;
+        index.num_pages = decode_rows * heads;
+        index.head_dim = head_dim;
+        index.page_size = static_cast<int>(page_size_);
+        index.summaries = summaries;
+        cuda_check(cuda::shadowkv_index_pages(index, stream), "ShadowKV index");
+        cuda::ShadowKvScoreParams score;
+        score.q = decode_q_.get();
+        score.summaries = summaries;
+        score.summary_dir = step_.summary_dir;
+        score.dir_offsets = step_.dir_offsets;
+        score.first_candidate = step_.first_candidate;
+        score.end_candidate = step_.shadowkv_end;
+        score.num_seqs = decode_rows;
+        score.num_kv_heads = heads;
+        score.group = static_cast<int>(group_size_);
+        score.head_dim = head_dim;
+        score.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));  // the CPU's landmark scale
+        score.max_candidates = step_.max_candidates;
+        score.logits = logits_.get();
+        score.scores = scores_.get();
+        cuda_check(cuda::shadowkv_score_pages(score, stream), "ShadowKV scores");
+      }
       mark(1);
       cuda::SelectTopParams select;
       select.scores = scores_.get();
@@ -1493,14 +1807,43 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       cache.out_offsets = step_.out_offsets;
       cache.counters = counters_.get();
       cache.error = cache_error_.get();
+      if (step_.shadowkv_decode) {
+        cache.rebuild_end = step_.rebuild_end;
+        cache.rebuild_pages = step_.rebuild_pages;
+        cache.rebuild_logical = step_.rebuild_logical;
+        cache.rebuild_counts = step_.rebuild_counts;
+        cache.value_only = value_only_.get();
+      }
       cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
+      mark(3);
+      if (step_.shadowkv_decode) {
+        cuda::ShadowKvRebuildParams rebuild;
+        rebuild.kv_pool = pool;
+        rebuild.pages = step_.rebuild_pages;
+        rebuild.logical = step_.rebuild_logical;
+        rebuild.offsets = step_.needed_offsets;
+        rebuild.counts = step_.rebuild_counts;
+        rebuild.factor_dir = step_.factor_dir;
+        rebuild.factor_offsets = step_.factor_offsets;
+        rebuild.basis_groups = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), head_dim,
+                                                           static_cast<int>(shadowkv_rank_));
+        rebuild.max_count = step_.max_selected;
+        rebuild.num_seqs = decode_rows;
+        rebuild.num_kv_heads = heads;
+        rebuild.head_dim = head_dim;
+        rebuild.page_size = static_cast<int>(page_size_);
+        rebuild.rank = static_cast<int>(shadowkv_rank_);
+        rebuild.inv_freq = inv_freq_.get();
+        rebuild.neox = neox_;
+        cuda_check(cuda::shadowkv_rebuild_keys(rebuild, stream), "ShadowKV key rebuild");
+      }
       if (layer == shape_.n_layers - 1) {
         cuda_check(cudaMemcpyAsync(cache_error_seen_.get(), cache_error_.get(), sizeof(int), cudaMemcpyDeviceToHost,
                                    stream),
                    "KV cache error flag");
       }
     }
-    mark(3);
+    mark(4);
     cuda::PagedDecodeParams p = decode_params(step_.decode_rows, step_.context_bucket);
     p.kv_pool = pool;
     if (has_host_tier()) p.host_pool = host_device_ + host_layer_offset(layer);  // dense-offload's pages
@@ -1511,7 +1854,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     }
     cuda_check(cuda::paged_decode_attention(p, out, workspace_.get(), workspace_.bytes(), stream),
                "paged decode attention");
-    mark(4);
+    mark(5);
     if (profiled && profile_entries_ > 0) {
       cuda_check(cudaMemcpyAsync(profile_selected_.get() + (layer - dense_layers_) * profile_entries_, step_.needed,
                                  static_cast<size_t>(profile_entries_) * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -1546,7 +1889,7 @@ CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape
 CudaPagedAttentionFactory::~CudaPagedAttentionFactory() = default;
 
 std::vector<std::string> CudaPagedAttentionFactory::algorithms() const {
-  if (store_->has_host_tier()) return {"dense", kDenseOffload, kQuest, kSeer};
+  if (store_->has_host_tier()) return {"dense", kDenseOffload, kQuest, kSeer, kShadowKv};
   return {"dense"};
 }
 
@@ -1559,8 +1902,8 @@ void CudaPagedAttentionFactory::validate(const AttentionSettings& settings) cons
              "attention algorithm '{}' is not available on the CUDA backend yet (available: dense{}; the others run "
              "with --device cpu)",
              settings.algorithm,
-             store_->has_host_tier() ? ", dense-offload, quest, seer"
-                                     : "; dense-offload, quest and seer with --kv-host-pages");
+             store_->has_host_tier() ? ", dense-offload, quest, seer, shadowkv"
+                                     : "; dense-offload, quest, seer and shadowkv with --kv-host-pages");
   AttentionFactory::validate(settings);
 }
 
@@ -1585,8 +1928,11 @@ KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, in
   const int64_t pages = store_->pages_for(tokens);
   if (!uses_host_tier(settings)) return KvDemand{.device_pages = pages * store_->pages_per_group()};
   const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
+  // ShadowKV's factors cover its prompt, at most `pages` pages.
   const int64_t resident =
-      decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) + store_->selection_slots(r, max_tokens)
+      decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) +
+                     store_->selection_slots(r, max_tokens) +
+                     (settings.algorithm == kShadowKv ? store_->shadowkv_factor_groups(pages) : 0)
                : pages;
   return KvDemand{.device_pages = resident * store_->pages_per_group(),
                   .host_pages = pages * store_->pages_per_group(),
@@ -1623,7 +1969,9 @@ int64_t CudaPagedAttentionFactory::decode_pages_read(const AttentionSettings& se
   const int64_t all = store_->pages_for(tokens) * shape_.n_kv_heads;
   if (!uses_host_tier(settings)) return all * shape_.n_layers;
   const bool offload = settings.algorithm == kDenseOffload;
-  const DecodePlan plan = plan_decode(store_->resolve_sparse(settings), offload, tokens - 1);
+  const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
+  const int64_t outliers = settings.algorithm == kShadowKv ? store_->shadowkv_outliers() : 0;
+  const DecodePlan plan = plan_decode(r, offload, tokens - 1, outliers);
   // dense-offload attends to its candidates in the host tier: only sinks and window are on the device.
   const int64_t device_pages = plan.attended - (offload ? int64_t{plan.window.candidates()} : 0);
   return store_->dense_layers() * all + (shape_.n_layers - store_->dense_layers()) * device_pages * shape_.n_kv_heads;

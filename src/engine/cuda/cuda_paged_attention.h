@@ -1,10 +1,10 @@
 #pragma once
 // Paged attention on the GPU: the KV store the CUDA model attends through and the AttentionFactory
-// the Engine gets per-request KV from (admitting and preempting by its pages). Four algorithms run
-// here: `dense` (every page on the device), `quest` and `seer` (sparse decode over a two-tier
-// store; Seer with its training-free gate) and `dense-offload` (every page attended, those between
-// sinks and window read from the host tier by the attention kernel itself, zero-copy, at each
-// step: the offloading baseline).
+// the Engine gets per-request KV from (admitting and preempting by its pages). Five algorithms run
+// here: `dense` (every page on the device), `quest`, `seer` and `shadowkv` (sparse decode over a
+// two-tier store; Seer with its training-free gate) and `dense-offload` (every page attended,
+// those between sinks and window read from the host tier by the attention kernel itself,
+// zero-copy, at each step: the offloading baseline).
 //
 // The pool is one device allocation of bf16 pages; a page holds page_size tokens of K and V for
 // ONE (layer, KV head), as on the CPU (kv/layout.h). Dense attention needs the same positions in
@@ -19,24 +19,29 @@
 // store_kv_pages_bf16, then paged_decode_attention for single-token chunks and
 // paged_prefill_attention for longer ones (kernels/cuda).
 //
-// Quest and Seer (sparse) requests, when the store has a host tier (pinned host memory the GPU reads
-// directly): prefill is dense, with every token also written through to the host tier. At the
-// first decode step the store indexes every complete page (Quest's min/max key summaries or Seer's
-// key sums, on the device) and keeps on the device only the sink and recent-window pages plus a cache of slots per
-// (layer, KV head); the first dense layers keep all their pages, in groups that exist only in those
-// layers' slices of the pool (which are larger). Each decode step, per sparse layer, with no host
-// round trip: Index the page that just filled, score the candidate pages against the queries,
-// select the top pages per KV head, Retrieve them into the cache slots (bucketed LRU, zero-copy
-// gather of the misses from the host tier), then attend over sinks + selected + window.
+// Sparse requests, when the store has a host tier (pinned host memory the GPU reads directly):
+// prefill is dense, with every token also written through to the host tier. At the first decode
+// step the store indexes every complete page (Quest's min/max key summaries, Seer's key sums or
+// ShadowKV's landmarks, outlier chunks and the low-rank factors of the prompt's pre-RoPE keys, on
+// the device) and keeps on the device only the sink and recent-window pages plus a cache of slots
+// per (layer, KV head) (and ShadowKV's factors); the first dense layers keep all their pages, in
+// groups that exist only in those layers' slices of the pool (which are larger). Each decode step,
+// per sparse layer, with no host round trip: Index the page that just filled, score the candidate
+// pages against the queries, select the top pages per KV head, Retrieve them into the cache slots
+// (bucketed LRU, zero-copy gather of the misses from the host tier; ShadowKV fetches only the
+// values of prompt pages and rebuilds their keys from the factors), then attend over sinks +
+// selected + window.
 // dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
 // slots), so its first dense layers also stay on the device (the pool's layout); its decode lists
 // name the host-tier pages directly (negative ids, kernels/cuda/paged_attention.h), and a step
-// with only dense-offload rows runs no Index or Select kernels. A decoding host-tier sequence can be
-// swapped out under device pressure: its first dense layers' pages (not written through) are
-// copied to the host tier and every device page goes; swap_in brings back those layers, sinks
-// and window, and its cache restarts empty.
+// with only dense-offload rows runs no Index or Select kernels. A decoding host-tier sequence
+// (ShadowKV's excepted: its factors live only on the device) can be swapped out under device
+// pressure: its first dense layers' pages (not written through) are copied to the host tier and
+// every device page goes; swap_in brings back those layers, sinks and window, and its cache
+// restarts empty.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/attention_factory.h"
@@ -50,6 +55,7 @@ struct SparseStepProfile {
   double score_ms = 0.0;      // Index of the page that filled, and the candidates' scores
   double select_ms = 0.0;     // per-(row, KV head) top-k
   double retrieve_ms = 0.0;   // cache check, gather of the misses from the host tier
+  double rebuild_ms = 0.0;    // ShadowKV's keys of the fetched prompt pages, from the factors
   double attention_ms = 0.0;  // decode attention of the sparse layers
   int64_t kv_heads = 0;
   // [sparse layer][decode row * kv_heads + KV head]: the logical pages it selected, ascending.
@@ -75,8 +81,14 @@ struct CudaPagedKvConfig {
   // Cache slots of a sparse request per (layer, KV head): (1 + buffer_factor) x its largest
   // selection (SPEC: a buffer of up to 5x the mandatory pages).
   double buffer_factor = 5.0;
-  // The model's RoPE: Seer turns the stored keys back to pre-RoPE ones. Empty: seer is refused.
+  // The model's RoPE: Seer and ShadowKV turn the stored keys back to pre-RoPE ones. Empty: both
+  // are refused.
   RopeTable rope;
+  // ShadowKV's key rank for every request of this store; 0: the published share of the model's
+  // key dimensions (sparse::shadowkv_rank).
+  uint32_t shadowkv_rank = 0;
+  // ShadowKV's outlier chunks per (layer, KV head) for every request; unset: the published 48.
+  std::optional<uint32_t> shadowkv_outliers;
 };
 
 class CudaKvStore;

@@ -259,6 +259,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
+  // Misses whose keys the device rebuilds: ranked apart, their copies (values only) come first.
+  const int32_t rebuild_end = p.rebuild_end ? p.rebuild_end[seq] : 0;
+  uint32_t value_rank[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int k = tid * kPerThread + i;
+    value_rank[i] = k < count && sh.select.hit_slot[k] == kNoSlot && needed[k] < rebuild_end;
+  }
+  uint32_t value_total = 0;
+  Scan(sh.scan).ExclusiveSum(value_rank, value_rank, value_total);
+  const int value_misses = static_cast<int>(value_total);
+
   // Table update and output: the k-th miss takes the k-th free slot.
   const int32_t* host_groups = p.host_groups + p.host_offsets[seq];
   int copy_rank[kPerThread];
@@ -281,9 +293,15 @@ __global__ void __launch_bounds__(kThreads, 2)
       const int64_t s = state_index(slot_group);
       p.slot_page[s] = logical;
       p.slot_stamp[s] = now;
-      copy_rank[i] = rank;
+      const bool values_only = logical < rebuild_end;
+      copy_rank[i] = values_only ? static_cast<int>(value_rank[i])
+                                 : value_misses + rank - static_cast<int>(value_rank[i]);
       copy_src[i] = host_groups[logical] * heads + head;
       copy_dst[i] = device_page;
+      if (values_only) {
+        p.rebuild_pages[p.needed_offsets[item] + value_rank[i]] = device_page;
+        p.rebuild_logical[p.needed_offsets[item] + value_rank[i]] = logical;
+      }
     }
     out[k] = device_page;
   }
@@ -291,6 +309,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     atomicAdd(&p.counters[seq * 3 + 0], static_cast<unsigned long long>(hits));
     atomicAdd(&p.counters[seq * 3 + 1], static_cast<unsigned long long>(misses));
     atomicAdd(&p.counters[seq * 3 + 2], static_cast<unsigned long long>(victims));
+    if (p.rebuild_end) {
+      p.rebuild_counts[item] = value_misses;
+      atomicAdd(&p.value_only[seq], static_cast<unsigned long long>(value_misses));
+    }
   }
   __syncthreads();  // the copy list overwrites the tables read above
 #pragma unroll
@@ -302,15 +324,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
 
-  // Zero-copy gather of the misses: the block's threads stream each page's 16-byte vectors,
-  // kUnroll loads in flight per thread.
-  const int64_t vecs_per_page = p.page_size * p.head_dim / 4;
-  const int64_t total = static_cast<int64_t>(misses) * vecs_per_page;
+  // Zero-copy gather of the misses in half pages (K, V): the values-only misses' V halves, then
+  // both halves of the others. The block's threads stream 16-byte vectors, kUnroll loads in
+  // flight per thread.
+  const int64_t vecs_per_half = p.page_size * p.head_dim / 8;
+  const int64_t halves = value_misses + 2 * static_cast<int64_t>(misses - value_misses);
+  const auto half_of = [&](const int32_t* pages, int64_t u) -> int64_t {
+    if (u < value_misses) return 2 * static_cast<int64_t>(pages[u]) + 1;
+    const int64_t v = u - value_misses;
+    return 2 * static_cast<int64_t>(pages[value_misses + v / 2]) + v % 2;
+  };
   const auto* src = reinterpret_cast<const uint4*>(p.host_pool);
   auto* dst = reinterpret_cast<uint4*>(p.device_pool);
   copy_host_pages<kUnroll>(
-      src, dst, tid, total, kThreads, vecs_per_page, [&](int64_t r) { return sh.copy.src[r]; },
-      [&](int64_t r) { return sh.copy.dst[r]; });
+      src, dst, tid, halves * vecs_per_half, kThreads, vecs_per_half,
+      [&](int64_t u) { return half_of(sh.copy.src, u); }, [&](int64_t u) { return half_of(sh.copy.dst, u); });
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -318,10 +346,11 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 }  // namespace
 
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
-  // Page size and head_dim up to 1024 keep misses * 16-byte vectors per page within 32 bits.
+  // Page size and head_dim up to 1024 keep the copies' vector counts small; half pages are whole
+  // 16-byte vectors.
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
-      p.page_size > 1024 || (p.page_size * p.head_dim) % 4 != 0 || p.buckets < 1 ||
+      p.page_size > 1024 || (p.page_size * p.head_dim) % 8 != 0 || p.buckets < 1 ||
       p.buckets > kMaxLruBuckets)
     return cudaErrorInvalidValue;
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
@@ -330,7 +359,8 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
   if (!p.needed || !p.needed_offsets || !p.needed_counts || !p.cache_groups || !p.cache_offsets ||
       !p.host_groups || !p.host_offsets || !p.now || !p.slot_page || !p.slot_stamp ||
       !p.host_pool || !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
-      !aligned16(p.host_pool) || !aligned16(p.device_pool))
+      !aligned16(p.host_pool) || !aligned16(p.device_pool) ||
+      (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)))
     return cudaErrorInvalidValue;
   retrieve_cached_pages_kernel<<<static_cast<unsigned>(items), kThreads, 0, stream>>>(p);
   return cudaGetLastError();

@@ -31,7 +31,12 @@
 //     tier, the slot gets the page and stamp now;
 //  4. out_pages[out_offsets[i] + j] = device page id holding needed page j.
 // Counters per seq (atomic adds): [seq * 3 + 0] hits, [+1] misses, [+2] evictions (victims of
-// step 2 that held a page). Requires needed_counts[i] <= the request's slots <= kMaxCacheSlots;
+// step 2 that held a page).
+// Keys rebuilt on the device (ShadowKV): with rebuild_end set, a miss of a logical page below
+// rebuild_end[seq] copies only the page's values (its keys come from rebuild_keys later); the
+// item's such misses go, in needed order, to rebuild_pages / rebuild_logical[needed_offsets[i] ..]
+// (device page, logical page), their number to rebuild_counts[i] and is added to
+// value_only[seq]. Requires needed_counts[i] <= the request's slots <= kMaxCacheSlots;
 // an item that breaks this writes -1 to its out_pages and sets *error = 1 instead of touching its
 // slots. Launch errors: cudaErrorInvalidValue for bad parameters (null pointers, pools not
 // 16-byte aligned, page bytes not a multiple of 16, buckets outside 1..kMaxLruBuckets).
@@ -69,6 +74,11 @@ struct PageCacheParams {
   const int32_t* out_offsets = nullptr;      // [num_seqs * num_kv_heads]
   unsigned long long* counters = nullptr;    // [num_seqs * 3]
   int* error = nullptr;
+  const int32_t* rebuild_end = nullptr;      // [num_seqs], or null: every miss copies whole pages
+  int32_t* rebuild_pages = nullptr;
+  int32_t* rebuild_logical = nullptr;
+  int32_t* rebuild_counts = nullptr;         // [num_seqs * num_kv_heads]
+  unsigned long long* value_only = nullptr;  // [num_seqs]
 };
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream);
 

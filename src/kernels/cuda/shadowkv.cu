@@ -1,0 +1,482 @@
+#include "kernels/cuda/shadowkv.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "kernels/cuda/sparse_select.h"
+
+// Index: one warp per page; lane l owns head_dim / 32 consecutive dimensions. The mean is summed
+// in fp32, then each token's cosine to it is three warp all-reduces.
+//
+// Score: blocks of (kThreads candidates, item), one thread per candidate page, so even one
+// sequence fills the GPU. The group's queries sit in shared memory (every lane reads the same
+// element at once: a broadcast); each thread reads its landmark row as 16-byte vectors. Pass 1
+// writes each head's logit to scratch and the block's (max, sum of exp) per head; pass 2 merges
+// the item's blocks into the softmax normalisers and writes the largest probability over the
+// group.
+//
+// Rebuild: blocks of (item, kRebuildPages pages); each holds its KV head's basis rows in shared
+// memory (fp32, rows padded to rank + 4 so that lanes on consecutive rows read distinct banks) and
+// 32 rows of A at a time. A thread computes both members of a RoPE pair for 8 tokens, reading
+// float4s: per 4 ranks, 2 basis loads and 8 broadcast coefficient loads feed 64 FMAs. The rotation
+// needs no exchange.
+namespace spin::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+static_assert(kThreads == 256, "shadowkv_score_scratch counts blocks of 256 candidates");
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kRebuildPages = 8;                     // pages per rebuild block
+constexpr int kRebuildSharedBytes = 200 * 1024;      // within the 227 KB a Hopper block may take
+
+bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ int64_t summary_entry(const int32_t* dir, int num_kv_heads, int h, int page) {
+  return (static_cast<int64_t>(dir[page / kSummaryChunkPages]) * num_kv_heads + h) * kSummaryChunkPages +
+         page % kSummaryChunkPages;
+}
+
+// RoPE pair j of head_dim D: its two dimensions.
+__device__ __forceinline__ void rope_pair(int j, int D, bool neox, int& a, int& b) {
+  a = neox ? j : 2 * j;
+  b = neox ? j + D / 2 : 2 * j + 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) shadowkv_index_kernel(ShadowKvIndexParams p) {
+  constexpr int V = D / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (i >= p.num_pages) return;  // whole warp
+  const int32_t src = p.src_pages[i];
+  const int32_t dst = p.dst_entries[i];
+  if (src < 0 || dst < 0) return;  // whole warp
+  const __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(src) * 2 * p.page_size * D + lane * V;
+  float mean[V];
+#pragma unroll
+  for (int e = 0; e < V; ++e) mean[e] = 0.0f;
+  for (int t = 0; t < p.page_size; ++t)
+#pragma unroll
+    for (int e = 0; e < V; ++e) mean[e] += __bfloat162float(keys[t * D + e]);
+#pragma unroll
+  for (int e = 0; e < V; ++e) mean[e] /= static_cast<float>(p.page_size);
+  __nv_bfloat16* entry = p.summaries + static_cast<int64_t>(dst) * 2 * D;
+#pragma unroll
+  for (int e = 0; e < V; ++e) entry[lane * V + e] = __float2bfloat16(mean[e]);
+  if (lane == 0) entry[D] = __float2bfloat16(0.0f);
+  if (p.min_cos == nullptr || p.min_cos_at[i] < 0) return;  // whole warp
+  float bb = 0.0f;
+#pragma unroll
+  for (int e = 0; e < V; ++e) bb += mean[e] * mean[e];
+  bb = warp_sum(bb);
+  float worst = INFINITY;
+  for (int t = 0; t < p.page_size; ++t) {
+    float ab = 0.0f, aa = 0.0f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float k = __bfloat162float(keys[t * D + e]);
+      ab += k * mean[e];
+      aa += k * k;
+    }
+    ab = warp_sum(ab);
+    aa = warp_sum(aa);
+    worst = fminf(worst, aa > 0.0f && bb > 0.0f ? ab / sqrtf(aa * bb) : 1.0f);
+  }
+  if (lane == 0) p.min_cos[p.min_cos_at[i]] = -worst;
+}
+
+__global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
+  const int item = blockIdx.x;
+  const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
+  const int32_t* pages = p.pages + p.offsets[item];
+  const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
+  for (int k = threadIdx.x; k < p.counts[item]; k += blockDim.x) {
+    const int64_t entry = summary_entry(dir, p.num_kv_heads, h, pages[k]);
+    p.summaries[entry * 2 * p.head_dim + p.head_dim] = __float2bfloat16(1.0f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Score
+
+// Pass 1, block (chunk, item): the logits of candidates [first + chunk * kThreads, ...) and the
+// chunk's (max, sum of exp) per head.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScoreParams p) {
+  __shared__ float q[G][D];
+  __shared__ float warp_max[kWarps][G], warp_sum[kWarps][G];
+  const int item = blockIdx.y;
+  const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
+  const int first = p.first_candidate[seq] + static_cast<int>(blockIdx.x) * kThreads;
+  const int end = p.end_candidate[seq];
+  if (end <= first) return;  // whole block
+  const __nv_bfloat16* qh = p.q + static_cast<int64_t>(item) * G * D;
+  for (int k = threadIdx.x; k < G * D; k += kThreads) q[k / D][k % D] = __bfloat162float(qh[k]) * p.scale;
+  __syncthreads();
+  const int page = first + static_cast<int>(threadIdx.x);
+  float dot[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
+  if (page < end) {
+    const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
+    const uint4* row = reinterpret_cast<const uint4*>(p.summaries + summary_entry(dir, p.num_kv_heads, h, page) * 2 * D);
+#pragma unroll
+    for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < D / 8; ++v) {
+      const uint4 raw = __ldg(row + v);
+      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float lm = __bfloat162float(x[e]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], lm, dot[g]);
+      }
+    }
+    float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page - p.first_candidate[seq]);
+#pragma unroll
+    for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_candidates] = dot[g];
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float m = dot[g];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
+    float e = m == -INFINITY ? 0.0f : __expf(dot[g] - m);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) e += __shfl_xor_sync(kFull, e, offset);
+    if (lane == 0) {
+      warp_max[warp][g] = m;
+      warp_sum[warp][g] = e;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_sum[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
+    float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
+                     ((static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G + threadIdx.x) * 2;
+    partial[0] = m;
+    partial[1] = sum;
+  }
+}
+
+// Pass 2, block (chunk, item): the softmax normalisers from every chunk's partials, then each
+// candidate's largest probability over the group (+inf for an outlier chunk).
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) shadowkv_probs_kernel(ShadowKvScoreParams p) {
+  __shared__ float norm_max[G], norm_scale[G];
+  const int item = blockIdx.y;
+  const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
+  const int first = p.first_candidate[seq];
+  const int end = p.end_candidate[seq];
+  const int page = first + static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  if (end <= first + static_cast<int>(blockIdx.x) * kThreads) return;  // whole block
+  if (threadIdx.x < G) {
+    const int chunks = (end - first + kThreads - 1) / kThreads;
+    const float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
+                           static_cast<int64_t>(item) * gridDim.x * G * 2 + threadIdx.x * 2;
+    float m = -INFINITY, sum = 0.0f;
+    for (int c = 0; c < chunks; ++c) m = fmaxf(m, partial[c * G * 2]);
+    for (int c = 0; c < chunks; ++c) sum += partial[c * G * 2 + 1] * __expf(partial[c * G * 2] - m);
+    norm_max[threadIdx.x] = m;
+    norm_scale[threadIdx.x] = 1.0f / sum;
+  }
+  __syncthreads();
+  if (page >= end) return;
+  const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
+  const __nv_bfloat16* entry = p.summaries + summary_entry(dir, p.num_kv_heads, h, page) * 2 * D;
+  const float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page - first);
+  float best = 0.0f;
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+    best = fmaxf(best, __expf(logits[static_cast<int64_t>(g) * p.max_candidates] - norm_max[g]) * norm_scale[g]);
+  p.scores[static_cast<int64_t>(item) * p.max_candidates + (page - first)] =
+      __bfloat162float(entry[D]) != 0.0f ? INFINITY : best;
+}
+
+template <int D, int G>
+void launch_score_passes(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t stream) {
+  shadowkv_logits_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
+  shadowkv_probs_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <int D>
+cudaError_t launch_score(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t stream) {
+  switch (p.group) {
+    case 1: launch_score_passes<D, 1>(p, grid, stream); break;
+    case 2: launch_score_passes<D, 2>(p, grid, stream); break;
+    case 3: launch_score_passes<D, 3>(p, grid, stream); break;
+    case 4: launch_score_passes<D, 4>(p, grid, stream); break;
+    case 5: launch_score_passes<D, 5>(p, grid, stream); break;
+    case 6: launch_score_passes<D, 6>(p, grid, stream); break;
+    case 7: launch_score_passes<D, 7>(p, grid, stream); break;
+    default: launch_score_passes<D, 8>(p, grid, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Factorisation helpers
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) shadowkv_unrotate_kernel(ShadowKvUnrotateParams p) {
+  constexpr int kPairs = D / 64;  // pairs per lane
+  const int lane = threadIdx.x % 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // (page, head)
+  if (i >= static_cast<int64_t>(p.num_pages) * p.num_kv_heads) return;  // whole warp
+  const int64_t page = i / p.num_kv_heads;
+  const int h = static_cast<int>(i % p.num_kv_heads);
+  const __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(p.pages[i]) * 2 * p.page_size * D;
+  const int64_t width = static_cast<int64_t>(p.num_kv_heads) * D;
+  for (int t = 0; t < p.page_size; ++t) {
+    const int64_t row = page * p.page_size + t;
+    const int64_t pos = (p.first_page + page) * p.page_size + t;
+    float* out = p.keys + row * width + static_cast<int64_t>(h) * D;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      int a, b;
+      rope_pair(lane + 32 * j, D, p.neox, a, b);
+      double sn, cs;
+      sincos(static_cast<double>(pos) * static_cast<double>(p.inv_freq[lane + 32 * j]), &sn, &cs);
+      const auto c = static_cast<float>(cs), s = static_cast<float>(sn);
+      const float k0 = __bfloat162float(keys[t * D + a]), k1 = __bfloat162float(keys[t * D + b]);
+      out[a] = k0 * c + k1 * s;  // x = R(-angle) k
+      out[b] = k1 * c - k0 * s;
+    }
+  }
+}
+
+__global__ void shadowkv_store_kernel(ShadowKvStoreParams p) {
+  const int D = p.head_dim, r = p.rank;
+  const int64_t page_elems = 2LL * p.page_size * D;
+  const int64_t group_elems = p.num_kv_heads * page_elems;
+  const int ppg = shadowkv_pages_per_factor_group(p.num_kv_heads, D, r);
+  const int64_t a_elems = static_cast<int64_t>(p.num_pages) * p.page_size * r;
+  const int64_t b_elems = p.basis ? static_cast<int64_t>(p.num_kv_heads) * D * r : 0;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < a_elems + b_elems;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (idx < a_elems) {
+      const int64_t t = idx / r;
+      const int j = static_cast<int>(idx % r);
+      const int64_t page = p.first_page + t / p.page_size;
+      const int64_t group = p.factor_groups[page / ppg];
+      p.kv_pool[group * group_elems + ((page % ppg) * p.page_size + t % p.page_size) * r + j] =
+          __float2bfloat16(p.coeffs[idx]);
+    } else {
+      const int64_t k = idx - a_elems;
+      const int64_t i = k / r;
+      const int j = static_cast<int>(k % r);
+      const int h = static_cast<int>(i / D), d = static_cast<int>(i % D);
+      const int rows = shadowkv_basis_rows_per_page(p.page_size, D, r);
+      const int64_t page = static_cast<int64_t>(p.basis_groups[d / rows]) * p.num_kv_heads + h;
+      reinterpret_cast<float*>(p.kv_pool + page * page_elems)[(d % rows) * r + j] =
+          p.basis[i + static_cast<int64_t>(j) * p.ld_basis];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rebuild
+
+// Pages whose A rows a rebuild block holds at once: 32 rows (one page of 32+ tokens).
+__host__ __device__ constexpr int rebuild_pages_at_once(int page_size) { return page_size >= 32 ? 1 : 32 / page_size; }
+__host__ __device__ constexpr int basis_stride(int rank) { return rank + 4; }  // float4 rows, 16 B apart mod 128
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) shadowkv_rebuild_kernel(ShadowKvRebuildParams p) {
+  extern __shared__ float4 shared4[];
+  const int item = blockIdx.x;
+  const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
+  const int count = p.counts[item];
+  const int begin = static_cast<int>(blockIdx.y) * kRebuildPages;
+  if (begin >= count) return;  // whole block
+  const int r = p.rank, r4 = r / 4, stride = basis_stride(r);
+  float* basis = reinterpret_cast<float*>(shared4);  // [D][stride]
+  float* coeffs = basis + D * stride;                 // [pages at once * page_size][r]
+  const int64_t page_elems = 2LL * p.page_size * D;
+  const int64_t group_elems = p.num_kv_heads * page_elems;
+  const int32_t* dir = p.factor_dir + p.factor_offsets[seq];
+  const int rows = shadowkv_basis_rows_per_page(p.page_size, D, r);
+  for (int k = threadIdx.x; k < D * r; k += kThreads) {
+    const int d = k / r, j = k % r;
+    const int64_t page = static_cast<int64_t>(dir[d / rows]) * p.num_kv_heads + h;
+    basis[d * stride + j] = reinterpret_cast<const float*>(p.kv_pool + page * page_elems)[(d % rows) * r + j];
+  }
+  const int ppg = shadowkv_pages_per_factor_group(p.num_kv_heads, D, r);
+  const int32_t* a_groups = dir + p.basis_groups;
+  const int32_t* logical = p.logical + p.offsets[item];
+  const int32_t* pages = p.pages + p.offsets[item];
+  const int at_once = rebuild_pages_at_once(p.page_size);
+  const int tiles = p.page_size / 8;  // 8 tokens per task
+  const int end = min(count, begin + kRebuildPages);
+  for (int n0 = begin; n0 < end; n0 += at_once) {
+    const int held = min(at_once, end - n0);
+    __syncthreads();  // the previous pages' coeffs are read; the basis is written (first round)
+    for (int k = threadIdx.x; k < held * p.page_size * r; k += kThreads) {
+      const int pg = k / (p.page_size * r), rest = k % (p.page_size * r);
+      const int64_t l = logical[n0 + pg];
+      coeffs[k] = __bfloat162float(
+          p.kv_pool[static_cast<int64_t>(a_groups[l / ppg]) * group_elems + (l % ppg) * p.page_size * r + rest]);
+    }
+    __syncthreads();
+    for (int task = threadIdx.x; task < held * tiles * (D / 2); task += kThreads) {
+      const int pair = task % (D / 2), rest = task / (D / 2);
+      const int tile = rest % tiles, pg = rest / tiles;
+      int da, db;
+      rope_pair(pair, D, p.neox, da, db);
+      const float4* c = reinterpret_cast<const float4*>(coeffs + (pg * p.page_size + tile * 8) * r);
+      const float4* ba = reinterpret_cast<const float4*>(basis + da * stride);
+      const float4* bb = reinterpret_cast<const float4*>(basis + db * stride);
+      float x0[8], x1[8];
+#pragma unroll
+      for (int t = 0; t < 8; ++t) x0[t] = x1[t] = 0.0f;
+      for (int j = 0; j < r4; ++j) {
+        const float4 a = ba[j], b = bb[j];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          const float4 w = c[t * r4 + j];
+          x0[t] = fmaf(w.x, a.x, fmaf(w.y, a.y, fmaf(w.z, a.z, fmaf(w.w, a.w, x0[t]))));
+          x1[t] = fmaf(w.x, b.x, fmaf(w.y, b.y, fmaf(w.z, b.z, fmaf(w.w, b.w, x1[t]))));
+        }
+      }
+      const int64_t l = logical[n0 + pg];
+      __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(pages[n0 + pg]) * page_elems;
+      const double freq = static_cast<double>(p.inv_freq[pair]);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        const int token = tile * 8 + t;
+        double sn, cs;
+        sincos(static_cast<double>(l * p.page_size + token) * freq, &sn, &cs);
+        const auto co = static_cast<float>(cs), si = static_cast<float>(sn);
+        keys[token * D + da] = __float2bfloat16(x0[t] * co - x1[t] * si);
+        keys[token * D + db] = __float2bfloat16(x0[t] * si + x1[t] * co);
+      }
+    }
+  }
+}
+
+size_t rebuild_shared_bytes(int head_dim, int page_size, int rank) {
+  const int rows = rebuild_pages_at_once(page_size) * page_size;
+  return (static_cast<size_t>(head_dim) * basis_stride(rank) + static_cast<size_t>(rows) * rank) * sizeof(float);
+}
+
+bool valid_shape(int head_dim, int page_size) {
+  return (head_dim == 64 || head_dim == 128) && page_size >= 8 && page_size <= 64 && page_size % 8 == 0;
+}
+
+}  // namespace
+
+cudaError_t shadowkv_index_pages(const ShadowKvIndexParams& p, cudaStream_t stream) {
+  if (p.num_pages < 0 || !valid_shape(p.head_dim, p.page_size)) return cudaErrorInvalidValue;
+  if (p.num_pages == 0) return cudaSuccess;
+  if (!p.kv_pool || !p.src_pages || !p.dst_entries || !p.summaries || (p.min_cos && !p.min_cos_at))
+    return cudaErrorInvalidValue;
+  const auto blocks = static_cast<unsigned>((p.num_pages + kWarps - 1) / kWarps);
+  if (p.head_dim == 64)
+    shadowkv_index_kernel<64><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    shadowkv_index_kernel<128><<<blocks, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t shadowkv_mark_outliers(const ShadowKvOutlierParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  if (p.num_seqs < 0 || p.num_kv_heads < 0 || items > INT_MAX || (p.head_dim != 64 && p.head_dim != 128))
+    return cudaErrorInvalidValue;
+  if (items == 0) return cudaSuccess;
+  if (!p.pages || !p.offsets || !p.counts || !p.summary_dir || !p.dir_offsets || !p.summaries)
+    return cudaErrorInvalidValue;
+  shadowkv_outlier_kernel<<<static_cast<unsigned>(items), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t shadowkv_score_pages(const ShadowKvScoreParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  if (p.num_seqs < 0 || p.num_kv_heads < 0 || p.group < 1 || p.group > 8 || (p.head_dim != 64 && p.head_dim != 128) ||
+      p.max_candidates < 0 || items > 65535)
+    return cudaErrorInvalidValue;
+  if (items == 0 || p.max_candidates == 0) return cudaSuccess;
+  if (!p.q || !p.summaries || !p.summary_dir || !p.dir_offsets || !p.first_candidate || !p.end_candidate ||
+      !p.logits || !p.scores || !aligned16(p.summaries))
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((p.max_candidates + kThreads - 1) / kThreads), static_cast<unsigned>(items));
+  return p.head_dim == 64 ? launch_score<64>(p, grid, stream) : launch_score<128>(p, grid, stream);
+}
+
+cudaError_t shadowkv_unrotate_keys(const ShadowKvUnrotateParams& p, cudaStream_t stream) {
+  if (p.num_pages < 0 || p.first_page < 0 || p.num_kv_heads < 1 || !valid_shape(p.head_dim, p.page_size))
+    return cudaErrorInvalidValue;
+  if (p.num_pages == 0) return cudaSuccess;
+  if (!p.kv_pool || !p.pages || !p.inv_freq || !p.keys) return cudaErrorInvalidValue;
+  const int64_t warps = static_cast<int64_t>(p.num_pages) * p.num_kv_heads;
+  const auto blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  if (p.head_dim == 64)
+    shadowkv_unrotate_kernel<64><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    shadowkv_unrotate_kernel<128><<<blocks, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t shadowkv_store_factors(const ShadowKvStoreParams& p, cudaStream_t stream) {
+  if (p.num_pages < 0 || p.first_page < 0 || p.num_kv_heads < 1 || !valid_shape(p.head_dim, p.page_size) ||
+      p.rank < 1 || p.rank > p.page_size * p.head_dim || p.rank > 2 * p.num_kv_heads * p.head_dim ||
+      (p.basis && p.ld_basis < p.num_kv_heads * p.head_dim))
+    return cudaErrorInvalidValue;
+  if (!p.kv_pool || (p.num_pages > 0 && (!p.factor_groups || !p.coeffs)) || (p.basis && !p.basis_groups))
+    return cudaErrorInvalidValue;
+  const int64_t elems = static_cast<int64_t>(p.num_pages) * p.page_size * p.rank +
+                        (p.basis ? static_cast<int64_t>(p.num_kv_heads) * p.head_dim * p.rank : 0);
+  if (elems == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + kThreads - 1) / kThreads, 4096));
+  shadowkv_store_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+int shadowkv_max_rank(int head_dim, int page_size) {
+  // head_dim * (rank + 4) + rows * rank floats within the shared memory the kernel takes; a
+  // multiple of 4 (float4 rows).
+  const int rows = rebuild_pages_at_once(page_size) * page_size;
+  const int most = static_cast<int>((kRebuildSharedBytes / sizeof(float) - 4 * head_dim) / (head_dim + rows));
+  return most / 4 * 4;
+}
+
+cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  if (p.num_seqs < 0 || p.num_kv_heads < 1 || items > INT_MAX || !valid_shape(p.head_dim, p.page_size) ||
+      p.rank < 4 || p.rank % 4 != 0 || p.rank > shadowkv_max_rank(p.head_dim, p.page_size) ||
+      p.rank > p.page_size * p.head_dim ||
+      p.rank > 2 * p.num_kv_heads * p.head_dim || p.basis_groups < 1 || p.max_count < 0)
+    return cudaErrorInvalidValue;
+  if (items == 0 || p.max_count == 0) return cudaSuccess;
+  if (!p.kv_pool || !p.pages || !p.logical || !p.offsets || !p.counts || !p.factor_dir || !p.factor_offsets ||
+      !p.inv_freq)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>((p.max_count + kRebuildPages - 1) / kRebuildPages));
+  const size_t shared = rebuild_shared_bytes(p.head_dim, p.page_size, p.rank);
+  cudaError_t e = cudaSuccess;
+  if (p.head_dim == 64) {
+    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRebuildSharedBytes);
+    if (e == cudaSuccess) shadowkv_rebuild_kernel<64><<<grid, kThreads, shared, stream>>>(p);
+  } else {
+    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRebuildSharedBytes);
+    if (e == cudaSuccess) shadowkv_rebuild_kernel<128><<<grid, kThreads, shared, stream>>>(p);
+  }
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace spin::cuda
