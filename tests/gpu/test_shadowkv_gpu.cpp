@@ -7,8 +7,8 @@
 //    over the same bf16 landmarks and queries (within 1e-3 relative), +inf for flagged chunks;
 //    slots past the candidates keep their poison.
 //  * Factorisation + rebuild: keys of exactly rank r (plus 1e-3 noise) stored with RoPE, factorised
-//    at rank r and rebuilt into other pages: within 2e-2 of the stored keys (bf16 rounding of keys
-//    and coefficients), values of the destination pages untouched; at rank r / 2 the error is
+//    at rank r and rebuilt (tensor cores) into other pages: within 2e-2 of the stored keys (bf16 rounding of keys
+//    and factors), values of the destination pages untouched; at rank r / 2 the error is
 //    large (the rank is really used). Both RoPE pair layouts, head_dim 64 and 128, pages 8 and 16.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -221,7 +221,7 @@ double rebuild_error(std::mt19937& rng, int head_dim, int page_size, bool neox, 
   const int basis = cuda::shadowkv_basis_groups(page_size, head_dim, rank);
   const int a_groups = (prompt_pages + cuda::shadowkv_pages_per_factor_group(kv, head_dim, rank) - 1) /
                        cuda::shadowkv_pages_per_factor_group(kv, head_dim, rank);
-  const int rebuilt = 11, groups = prompt_pages + basis + a_groups + rebuilt;
+  const int rebuilt = 37, groups = prompt_pages + basis + a_groups + rebuilt;
   std::vector<uint16_t> pool(static_cast<size_t>(groups) * kv * page_elems, 0xffff);
   for (int t = 0; t < tokens; ++t) {
     for (int h = 0; h < kv; ++h) {
@@ -276,7 +276,8 @@ double rebuild_error(std::mt19937& rng, int head_dim, int page_size, bool neox, 
   store.page_size = page_size;
   store.rank = rank;
   ShadowKvFactorizer factorizer(0);
-  factorizer.factorize(keys, store, nullptr);
+  const std::vector<ShadowKvFactorizer::Layer> layers{{keys, store}};
+  factorizer.factorize(layers, nullptr);
   cuda::ShadowKvRebuildParams p;
   p.kv_pool = as_bf16(d_pool.get());
   p.pages = d_pages.get();

@@ -329,12 +329,13 @@ class CudaKvStore final : public DeviceAttention {
            (pages + a - 1) / a;
   }
   // The ShadowKV transitions' Index in layer `layer`, after the step's tables are up: landmarks of
-  // their prompt pages (src / dst / score_at: num_pages entries of the step tables), outlier
-  // chunks, and the factorisation of each job's keys (prompt_ids: the jobs' page lists). Waits
-  // for the stream.
-  void shadowkv_transition(int64_t layer, const std::vector<Factorisation>& jobs, int64_t num_pages,
-                           const int32_t* src, const int32_t* dst, const int32_t* score_at,
-                           const int32_t* prompt_ids, cudaStream_t stream);
+  // their prompt pages (src / dst / score_at: num_pages entries of the step tables) and outlier
+  // chunks.
+  void shadowkv_transition(int64_t layer, int64_t num_pages, const int32_t* src, const int32_t* dst,
+                           const int32_t* score_at, cudaStream_t stream);
+  // The factorisation of each job's prompt keys (prompt_ids: the jobs' page lists) in every sparse
+  // layer. Waits for the stream.
+  void shadowkv_factorise(const std::vector<Factorisation>& jobs, const int32_t* prompt_ids, cudaStream_t stream);
 
   AttentionShape shape_;
   int device_;
@@ -591,8 +592,8 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
       } else {
         seer_block_pages_ = block / page_size_;
       }
-      if (shadowkv_rank_ < 4 || shadowkv_rank_ > max_rank || shadowkv_rank_ % 4 != 0) {
-        shadowkv_refusal_ = fmt::format("shadowkv's key rank {} is not a multiple of 4 in 4..{} (the CUDA backend's "
+      if (shadowkv_rank_ < 8 || shadowkv_rank_ > max_rank || shadowkv_rank_ % 8 != 0) {
+        shadowkv_refusal_ = fmt::format("shadowkv's key rank {} is not a multiple of 8 in 8..{} (the CUDA backend's "
                                         "bound for this model and {}-token pages)", shadowkv_rank_, max_rank, page_size_);
       } else {
         factorizer_ = std::make_unique<ShadowKvFactorizer>(device_);
@@ -1002,9 +1003,8 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
   sp.decoding = true;
 }
 
-void CudaKvStore::shadowkv_transition(int64_t layer, const std::vector<Factorisation>& jobs, int64_t num_pages,
-                                      const int32_t* src, const int32_t* dst, const int32_t* score_at,
-                                      const int32_t* prompt_ids, cudaStream_t stream) {
+void CudaKvStore::shadowkv_transition(int64_t layer, int64_t num_pages, const int32_t* src, const int32_t* dst,
+                                      const int32_t* score_at, cudaStream_t stream) {
   bf16* pool = pool_.get() + layer_offset(layer);
   bf16* summaries = summaries_.get() + summary_layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
@@ -1041,28 +1041,39 @@ void CudaKvStore::shadowkv_transition(int64_t layer, const std::vector<Factorisa
   outliers.head_dim = static_cast<int>(shape_.head_dim);
   outliers.summaries = summaries;
   cuda_check(cuda::shadowkv_mark_outliers(outliers, stream), "ShadowKV outlier flags");
+}
+
+void CudaKvStore::shadowkv_factorise(const std::vector<Factorisation>& jobs, const int32_t* prompt_ids,
+                                     cudaStream_t stream) {
+  const int heads = static_cast<int>(shape_.n_kv_heads);
   const int basis = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape_.head_dim),
                                                 static_cast<int>(shadowkv_rank_));
+  std::vector<ShadowKvFactorizer::Layer> layers;
   for (const Factorisation& job : jobs) {
     if (job.pages == 0) continue;
-    cuda::ShadowKvUnrotateParams keys;
-    keys.kv_pool = pool;
-    keys.pages = prompt_ids + job.first;
-    keys.num_pages = static_cast<int>(job.pages);
-    keys.num_kv_heads = heads;
-    keys.head_dim = static_cast<int>(shape_.head_dim);
-    keys.page_size = static_cast<int>(page_size_);
-    keys.inv_freq = inv_freq_.get();
-    keys.neox = neox_;
-    cuda::ShadowKvStoreParams store;
-    store.kv_pool = pool;
-    store.basis_groups = step_.factor_dir + job.factor_at;
-    store.factor_groups = store.basis_groups + basis;
-    store.num_kv_heads = heads;
-    store.head_dim = keys.head_dim;
-    store.page_size = keys.page_size;
-    store.rank = static_cast<int>(shadowkv_rank_);
-    factorizer_->factorize(keys, store, stream);
+    layers.clear();
+    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+      bf16* pool = pool_.get() + layer_offset(l);
+      cuda::ShadowKvUnrotateParams keys;
+      keys.kv_pool = pool;
+      keys.pages = prompt_ids + job.first;
+      keys.num_pages = static_cast<int>(job.pages);
+      keys.num_kv_heads = heads;
+      keys.head_dim = static_cast<int>(shape_.head_dim);
+      keys.page_size = static_cast<int>(page_size_);
+      keys.inv_freq = inv_freq_.get();
+      keys.neox = neox_;
+      cuda::ShadowKvStoreParams store;
+      store.kv_pool = pool;
+      store.basis_groups = step_.factor_dir + job.factor_at;
+      store.factor_groups = store.basis_groups + basis;
+      store.num_kv_heads = heads;
+      store.head_dim = keys.head_dim;
+      store.page_size = keys.page_size;
+      store.rank = static_cast<int>(shadowkv_rank_);
+      layers.push_back({keys, store});
+    }
+    factorizer_->factorize(layers, stream);
   }
 }
 
@@ -1647,9 +1658,10 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     // The outlier selection writes its pages per item at item * outliers.
     outlier_pages_.reserve(static_cast<size_t>(std::max<int64_t>(1, items * shadowkv_outliers_)), "ShadowKV outliers");
     for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
-      shadowkv_transition(l, factorisations, shadowkv_transitions_n, d + at_shadowkv_transition_src,
-                          d + at_shadowkv_transition_dst, d + at_shadowkv_transition_score, d + at_prompt_ids, stream);
+      shadowkv_transition(l, shadowkv_transitions_n, d + at_shadowkv_transition_src, d + at_shadowkv_transition_dst,
+                          d + at_shadowkv_transition_score, stream);
     }
+    shadowkv_factorise(factorisations, d + at_prompt_ids, stream);
   }
   // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run.
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,

@@ -1,5 +1,7 @@
 #include "kernels/cuda/shadowkv.h"
 
+#include <mma.h>
+
 #include <algorithm>
 #include <climits>
 
@@ -16,10 +18,9 @@
 // group.
 //
 // Rebuild: blocks of (item, kRebuildPages pages); each holds its KV head's basis rows in shared
-// memory (fp32, rows padded to rank + 4 so that lanes on consecutive rows read distinct banks) and
-// 32 rows of A at a time. A thread computes both members of a RoPE pair for 8 tokens, reading
-// float4s: per 4 ranks, 2 basis loads and 8 broadcast coefficient loads feed 64 FMAs. The rotation
-// needs no exchange.
+// memory and 64 rows of A at a time (bf16, the rank padded with zeros to whole k-steps), multiplies
+// them on tensor cores (wmma 8x32x16, fp32 sums) into shared memory, then turns each pair by RoPE
+// and writes the bf16 keys into the fetched page.
 namespace spin::cuda {
 
 namespace {
@@ -28,7 +29,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 static_assert(kThreads == 256, "shadowkv_score_scratch counts blocks of 256 candidates");
 constexpr unsigned kFull = 0xffffffffu;
-constexpr int kRebuildPages = 8;                     // pages per rebuild block
+constexpr int kRebuildPages = 16;  // pages per rebuild block (each loads its KV head's basis once)
 constexpr int kRebuildSharedBytes = 200 * 1024;      // within the 227 KB a Hopper block may take
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
@@ -284,8 +285,7 @@ __global__ void shadowkv_store_kernel(ShadowKvStoreParams p) {
       const int h = static_cast<int>(i / D), d = static_cast<int>(i % D);
       const int rows = shadowkv_basis_rows_per_page(p.page_size, D, r);
       const int64_t page = static_cast<int64_t>(p.basis_groups[d / rows]) * p.num_kv_heads + h;
-      reinterpret_cast<float*>(p.kv_pool + page * page_elems)[(d % rows) * r + j] =
-          p.basis[i + static_cast<int64_t>(j) * p.ld_basis];
+      p.kv_pool[page * page_elems + (d % rows) * r + j] = __float2bfloat16(p.basis[i + static_cast<int64_t>(j) * p.ld_basis]);
     }
   }
 }
@@ -293,86 +293,102 @@ __global__ void shadowkv_store_kernel(ShadowKvStoreParams p) {
 // ---------------------------------------------------------------------------------------------
 // Rebuild
 
-// Pages whose A rows a rebuild block holds at once: 32 rows (one page of 32+ tokens).
-__host__ __device__ constexpr int rebuild_pages_at_once(int page_size) { return page_size >= 32 ? 1 : 32 / page_size; }
-__host__ __device__ constexpr int basis_stride(int rank) { return rank + 4; }  // float4 rows, 16 B apart mod 128
+// Rows (tokens) of A a rebuild block multiplies at once: whole pages, at least one.
+constexpr int kRebuildRows = 64;
+__host__ __device__ constexpr int rebuild_pages_at_once(int page_size) {
+  return page_size >= kRebuildRows ? 1 : kRebuildRows / page_size;
+}
+// Shared-memory rows of the rank: padded to whole k-steps of 16 with zeros, plus 8 against bank
+// conflicts (a multiple of 8 elements, as wmma wants).
+__host__ __device__ constexpr int padded_rank(int rank) { return (rank + 15) / 16 * 16; }
+__host__ __device__ constexpr int rank_stride(int rank) { return padded_rank(rank) + 8; }
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) shadowkv_rebuild_kernel(ShadowKvRebuildParams p) {
-  extern __shared__ float4 shared4[];
+  using namespace nvcuda;
+  extern __shared__ uint4 shared16[];
   const int item = blockIdx.x;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
   const int count = p.counts[item];
   const int begin = static_cast<int>(blockIdx.y) * kRebuildPages;
   if (begin >= count) return;  // whole block
-  const int r = p.rank, r4 = r / 4, stride = basis_stride(r);
-  float* basis = reinterpret_cast<float*>(shared4);  // [D][stride]
-  float* coeffs = basis + D * stride;                 // [pages at once * page_size][r]
+  const int r = p.rank, rp = padded_rank(r), ld = rank_stride(r);
+  const int at_once = rebuild_pages_at_once(p.page_size);
+  const int rows_at_once = at_once * p.page_size;
+  auto* basis = reinterpret_cast<__nv_bfloat16*>(shared16);  // [D][ld]: B, col-major rank x D
+  __nv_bfloat16* coeffs = basis + D * ld;                     // [rows_at_once][ld]: A rows
+  auto* out = reinterpret_cast<float*>(coeffs + rows_at_once * ld);  // [rows_at_once][D]
   const int64_t page_elems = 2LL * p.page_size * D;
   const int64_t group_elems = p.num_kv_heads * page_elems;
   const int32_t* dir = p.factor_dir + p.factor_offsets[seq];
   const int rows = shadowkv_basis_rows_per_page(p.page_size, D, r);
-  for (int k = threadIdx.x; k < D * r; k += kThreads) {
-    const int d = k / r, j = k % r;
+  const int vecs = r / 8;  // 16-byte vectors per row
+  const __nv_bfloat16 zero = __float2bfloat16(0.0f);
+  for (int k = threadIdx.x; k < D * vecs; k += kThreads) {
+    const int d = k / vecs, v = k % vecs;
     const int64_t page = static_cast<int64_t>(dir[d / rows]) * p.num_kv_heads + h;
-    basis[d * stride + j] = reinterpret_cast<const float*>(p.kv_pool + page * page_elems)[(d % rows) * r + j];
+    reinterpret_cast<uint4*>(basis + d * ld)[v] =
+        reinterpret_cast<const uint4*>(p.kv_pool + page * page_elems + (d % rows) * r)[v];
   }
+  for (int k = threadIdx.x; k < D * (rp - r); k += kThreads) basis[(k / (rp - r)) * ld + r + k % (rp - r)] = zero;
+  for (int k = threadIdx.x; k < rows_at_once * (rp - r); k += kThreads)
+    coeffs[(k / (rp - r)) * ld + r + k % (rp - r)] = zero;
   const int ppg = shadowkv_pages_per_factor_group(p.num_kv_heads, D, r);
   const int32_t* a_groups = dir + p.basis_groups;
   const int32_t* logical = p.logical + p.offsets[item];
   const int32_t* pages = p.pages + p.offsets[item];
-  const int at_once = rebuild_pages_at_once(p.page_size);
-  const int tiles = p.page_size / 8;  // 8 tokens per task
+  const int warp = threadIdx.x / 32;
   const int end = min(count, begin + kRebuildPages);
   for (int n0 = begin; n0 < end; n0 += at_once) {
     const int held = min(at_once, end - n0);
-    __syncthreads();  // the previous pages' coeffs are read; the basis is written (first round)
-    for (int k = threadIdx.x; k < held * p.page_size * r; k += kThreads) {
-      const int pg = k / (p.page_size * r), rest = k % (p.page_size * r);
-      const int64_t l = logical[n0 + pg];
-      coeffs[k] = __bfloat162float(
-          p.kv_pool[static_cast<int64_t>(a_groups[l / ppg]) * group_elems + (l % ppg) * p.page_size * r + rest]);
+    const int held_rows = held * p.page_size;
+    __syncthreads();  // the previous round's outputs are stored; the basis is written (first round)
+    for (int k = threadIdx.x; k < held_rows * vecs; k += kThreads) {
+      const int row = k / vecs, v = k % vecs;
+      const int64_t l = logical[n0 + row / p.page_size];
+      const __nv_bfloat16* a = p.kv_pool + static_cast<int64_t>(a_groups[l / ppg]) * group_elems +
+                               ((l % ppg) * p.page_size + row % p.page_size) * r;
+      reinterpret_cast<uint4*>(coeffs + row * ld)[v] = reinterpret_cast<const uint4*>(a)[v];
     }
     __syncthreads();
-    for (int task = threadIdx.x; task < held * tiles * (D / 2); task += kThreads) {
-      const int pair = task % (D / 2), rest = task / (D / 2);
-      const int tile = rest % tiles, pg = rest / tiles;
+    // Tiles of 8 tokens x 32 dimensions, k-steps of 16.
+    const int tiles_n = D / 32, tiles = held_rows / 8 * tiles_n;
+    for (int tile = warp; tile < tiles; tile += kWarps) {
+      const int m0 = tile / tiles_n * 8, n0d = tile % tiles_n * 32;
+      wmma::fragment<wmma::accumulator, 8, 32, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k0 = 0; k0 < rp; k0 += 16) {
+        wmma::fragment<wmma::matrix_a, 8, 32, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 8, 32, 16, __nv_bfloat16, wmma::col_major> b;
+        wmma::load_matrix_sync(a, coeffs + m0 * ld + k0, ld);
+        wmma::load_matrix_sync(b, basis + n0d * ld + k0, ld);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(out + m0 * D + n0d, acc, D, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // RoPE at each token's position, both members of a pair in one thread; bf16 into the page.
+    for (int k = threadIdx.x; k < held_rows * (D / 2); k += kThreads) {
+      const int row = k / (D / 2), pair = k % (D / 2);
       int da, db;
       rope_pair(pair, D, p.neox, da, db);
-      const float4* c = reinterpret_cast<const float4*>(coeffs + (pg * p.page_size + tile * 8) * r);
-      const float4* ba = reinterpret_cast<const float4*>(basis + da * stride);
-      const float4* bb = reinterpret_cast<const float4*>(basis + db * stride);
-      float x0[8], x1[8];
-#pragma unroll
-      for (int t = 0; t < 8; ++t) x0[t] = x1[t] = 0.0f;
-      for (int j = 0; j < r4; ++j) {
-        const float4 a = ba[j], b = bb[j];
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-          const float4 w = c[t * r4 + j];
-          x0[t] = fmaf(w.x, a.x, fmaf(w.y, a.y, fmaf(w.z, a.z, fmaf(w.w, a.w, x0[t]))));
-          x1[t] = fmaf(w.x, b.x, fmaf(w.y, b.y, fmaf(w.z, b.z, fmaf(w.w, b.w, x1[t]))));
-        }
-      }
-      const int64_t l = logical[n0 + pg];
-      __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(pages[n0 + pg]) * page_elems;
-      const double freq = static_cast<double>(p.inv_freq[pair]);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        const int token = tile * 8 + t;
-        double sn, cs;
-        sincos(static_cast<double>(l * p.page_size + token) * freq, &sn, &cs);
-        const auto co = static_cast<float>(cs), si = static_cast<float>(sn);
-        keys[token * D + da] = __float2bfloat16(x0[t] * co - x1[t] * si);
-        keys[token * D + db] = __float2bfloat16(x0[t] * si + x1[t] * co);
-      }
+      const int token = row % p.page_size;
+      const int64_t l = logical[n0 + row / p.page_size];
+      double sn, cs;
+      sincos(static_cast<double>(l * p.page_size + token) * static_cast<double>(p.inv_freq[pair]), &sn, &cs);
+      const auto co = static_cast<float>(cs), si = static_cast<float>(sn);
+      const float x0 = out[row * D + da], x1 = out[row * D + db];
+      __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(pages[n0 + row / p.page_size]) * page_elems;
+      keys[token * D + da] = __float2bfloat16(x0 * co - x1 * si);
+      keys[token * D + db] = __float2bfloat16(x0 * si + x1 * co);
     }
   }
 }
 
 size_t rebuild_shared_bytes(int head_dim, int page_size, int rank) {
   const int rows = rebuild_pages_at_once(page_size) * page_size;
-  return (static_cast<size_t>(head_dim) * basis_stride(rank) + static_cast<size_t>(rows) * rank) * sizeof(float);
+  return static_cast<size_t>(head_dim + rows) * rank_stride(rank) * sizeof(__nv_bfloat16) +
+         static_cast<size_t>(rows) * head_dim * sizeof(float);
 }
 
 bool valid_shape(int head_dim, int page_size) {
@@ -448,17 +464,16 @@ cudaError_t shadowkv_store_factors(const ShadowKvStoreParams& p, cudaStream_t st
 }
 
 int shadowkv_max_rank(int head_dim, int page_size) {
-  // head_dim * (rank + 4) + rows * rank floats within the shared memory the kernel takes; a
-  // multiple of 4 (float4 rows).
-  const int rows = rebuild_pages_at_once(page_size) * page_size;
-  const int most = static_cast<int>((kRebuildSharedBytes / sizeof(float) - 4 * head_dim) / (head_dim + rows));
-  return most / 4 * 4;
+  // The largest multiple of 8 whose shared memory (rebuild_shared_bytes) fits the kernel's.
+  int rank = 8;
+  while (rebuild_shared_bytes(head_dim, page_size, rank + 8) <= static_cast<size_t>(kRebuildSharedBytes)) rank += 8;
+  return rank;
 }
 
 cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || items > INT_MAX || !valid_shape(p.head_dim, p.page_size) ||
-      p.rank < 4 || p.rank % 4 != 0 || p.rank > shadowkv_max_rank(p.head_dim, p.page_size) ||
+      p.rank < 8 || p.rank % 8 != 0 || p.rank > shadowkv_max_rank(p.head_dim, p.page_size) ||
       p.rank > p.page_size * p.head_dim ||
       p.rank > 2 * p.num_kv_heads * p.head_dim || p.basis_groups < 1 || p.max_count < 0)
     return cudaErrorInvalidValue;

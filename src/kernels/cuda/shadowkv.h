@@ -14,9 +14,10 @@
 //  - A, the prompt tokens' coefficients (bf16 rows of `rank`): the page_size rows of logical page
 //    p sit in group factor_groups[p / pages_per_factor_group] at element
 //    (p % pages_per_factor_group) * page_size * rank of its layer slice.
-//  - B, the basis (fp32 rows of `rank`; row h * head_dim + d is dimension d of KV head h): row d
-//    of KV head h sits in page basis_groups[d / rows_per_page] * num_kv_heads + h, at float
+//  - B, the basis (bf16 rows of `rank`; row h * head_dim + d is dimension d of KV head h): row d
+//    of KV head h sits in page basis_groups[d / rows_per_page] * num_kv_heads + h, at element
 //    (d % rows_per_page) * rank of the page.
+// The rebuild multiplies them on tensor cores (bf16 in, fp32 sums), as ShadowKV's own kernels do.
 // The pool holds k_t = mscale * R(t) k_pre_t; the factors are those of R(-t) k_t, so a rebuilt key
 // is turned by R(t) alone and carries mscale as the stored one does.
 //
@@ -34,7 +35,7 @@ constexpr int shadowkv_pages_per_factor_group(int num_kv_heads, int head_dim, in
   return 2 * num_kv_heads * head_dim / rank;
 }
 constexpr int shadowkv_basis_rows_per_page(int page_size, int head_dim, int rank) {
-  return page_size * head_dim / rank;
+  return 2 * page_size * head_dim / rank;
 }
 // Groups a sequence's basis takes.
 constexpr int shadowkv_basis_groups(int page_size, int head_dim, int rank) {
@@ -125,10 +126,10 @@ struct ShadowKvUnrotateParams {
 };
 cudaError_t shadowkv_unrotate_keys(const ShadowKvUnrotateParams& p, cudaStream_t stream);
 
-// Stores a factorisation in its groups (layout above): A's rows for tokens first_page * page_size
-// + t, t < num_pages * page_size, from coeffs (fp32 row-major [t][rank], rounded to bf16), and, when
-// basis is set, B from basis (fp32 column-major [num_kv_heads * head_dim][ld_basis]: B's row i is
-// basis[i + j * ld_basis], j < rank).
+// Stores a factorisation in its groups (layout above), rounded to bf16: A's rows for tokens
+// first_page * page_size + t, t < num_pages * page_size, from coeffs (fp32 row-major [t][rank]),
+// and, when basis is set, B from basis (fp32 column-major [num_kv_heads * head_dim][ld_basis]:
+// B's row i is basis[i + j * ld_basis], j < rank).
 struct ShadowKvStoreParams {
   __nv_bfloat16* kv_pool = nullptr;  // the layer's slice
   const int32_t* factor_groups = nullptr;  // A's groups, from logical page 0
@@ -170,7 +171,7 @@ struct ShadowKvRebuildParams {
   bool neox = true;
 };
 // Largest rank shadowkv_rebuild_keys takes for this head_dim and page_size (its shared memory);
-// the rank must also be a multiple of 4.
+// the rank must also be a multiple of 8.
 int shadowkv_max_rank(int head_dim, int page_size);
 cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t stream);
 
