@@ -4,9 +4,10 @@
 # attention mode, each driven by `spin bench` with the LongBench-v2-shaped load scaled down to fit a
 # 10-minute call; a comparison table last. Sparse modes also get a pinned host tier of
 # SPIN_SERVE_HOST_RATIO x the device pool (the paper's ~2.5:1 host:HBM); dense keeps all its KV on
-# the device, so the cap is what limits its batch.
-# Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; dense-offload also runs, slowly: a
-# separate call], SPIN_SERVE_RATES [0.4 0.8 1.6],
+# the device, so the cap is what limits its batch. shadowkv runs on 8-token pages (its chunk), the
+# others on 16: the same bytes of pool and host tier either way.
+# Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; seer, shadowkv and dense-offload also
+# run; dense-offload slowly: a separate call], SPIN_SERVE_RATES [0.4 0.8 1.6],
 # SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
 # SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode], SPIN_SERVE_DEVICE [cuda; cpu
@@ -29,7 +30,7 @@ scale=${SPIN_SERVE_SCALE:-0.1}
 model=${SPIN_SERVE_MODEL:-qwen3-14b}
 seconds=${SPIN_SERVE_SECONDS:-270}
 budget=${SPIN_SERVE_BUDGET:-0.0156}
-page_kb=8  # bf16 K+V of 16 tokens x head_dim 128: one page (one layer x KV head)
+page_kb=8  # bf16 K+V of 16 tokens x head_dim 128: one 16-token page (one layer x KV head)
 device_pages=$(python3 -c "print(int(${SPIN_SERVE_DEVICE_GB:-4} * 1e9 / ($page_kb * 1024)))")
 host_pages=$(python3 -c "print(int($device_pages * ${SPIN_SERVE_HOST_RATIO:-2.5}))")
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/gpu.txt" 2>/dev/null || true
@@ -41,10 +42,12 @@ status=0
 port=18600
 for mode in "${modes[@]}"; do
   port=$((port + 1))
+  block=16
+  [ "$mode" = shadowkv ] && block=8
   flags=(--device "${SPIN_SERVE_DEVICE:-cuda}" --load-format dummy --model "$model" --port "$port" --max-model-len "${SPIN_SERVE_MAX_LEN:-16384}"
-         --max-num-seqs 64 --kv-device-pages "$device_pages")
+         --max-num-seqs 64 --block-size "$block" --kv-device-pages $((device_pages * 16 / block)))
   if [ "$mode" != dense ]; then
-    flags+=(--kv-host-pages "$host_pages" --sparse-algorithm "$mode" --sparse-budget "$budget")
+    flags+=(--kv-host-pages $((host_pages * 16 / block)) --sparse-algorithm "$mode" --sparse-budget "$budget")
   fi
   echo "== $mode: spin serve ${flags[*]}"
   "$bin/spin" serve "${flags[@]}" >"$out/serve_$mode.log" 2>&1 &

@@ -591,7 +591,10 @@ StepReport Engine::step() {
       r->kv = factory_->create(r->params.attention, r->max_len);
       r->buffer_streams = factory_->buffer_streams(r->params.attention);
       r->max_buffer_pages = factory_->max_buffer_pages(r->params.attention, r->max_len);
-      resize_buffer(*r, config_.elastic_kv_buffers ? 0 : r->max_buffer_pages);
+      // Told even when it is 0: a store's own default (the GPU's: the whole buffer) must not hold
+      // pages the reservation leaves out. The request is not decoding yet, so nothing is reserved.
+      r->buffer_pages = config_.elastic_kv_buffers ? 0 : r->max_buffer_pages;
+      if (r->buffer_streams > 0) factory_->set_buffer_pages(*r->kv, r->buffer_pages);
     }
     waiting_.pop_front();
     running_.insert(std::lower_bound(running_.begin(), running_.end(), r,

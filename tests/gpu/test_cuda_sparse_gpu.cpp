@@ -337,6 +337,53 @@ TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {
   EXPECT_EQ(idle.host_pages_used, 0);
 }
 
+TEST_F(CudaSparseTest, ShadowKvInATightPoolGetsTheTokensOfARoomyStore) {
+  // A device pool of two contexts' pages: prefills fill it, and each request's first decode step
+  // must fit its factors into the pages its prompt gives back (the transition reads the prompt
+  // before it writes the factors). ShadowKV keeps its factors on the device only, so pressure
+  // preempts by recompute. Tokens must be a roomy store's, no step may run out of pages, and after
+  // every step the store may hold no more device pages than the engine reserved (elastic buffers
+  // included: a new request's cache buffer starts at the engine's size, not the store's default).
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 43);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {120, 136, 152, 168, 184, 200, 216, 232});
+  const std::vector<int64_t> max_tokens(prompts.size(), 64);
+  const std::vector<AttentionSettings> settings(prompts.size(), shadowkv(0, 0.5));
+  const auto factory = [&](int64_t device_tokens) {
+    CudaPagedKvConfig kv = paged_kv_config(kPage, pages_for(c, kPage, device_tokens), 8, kContext);
+    kv.host_pages = pages_for(c, kPage, 8 * kContext);
+    kv.rope = make_rope_table(c.rope, c.head_dim);
+    kv.shadowkv_outliers = 2;
+    return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+  };
+  const auto roomy = run_engine(model, factory(16 * kContext), prompts, max_tokens, nullptr, settings);
+
+  EngineConfig config;  // run_engine's
+  config.max_num_seqs = 8;
+  config.max_num_batched_tokens = 48;
+  config.max_model_len = kContext;
+  auto tight = factory(2 * kContext);
+  const CudaPagedAttentionFactory* store = tight.get();
+  Engine engine(model, nullptr, config, std::move(tight));
+  std::vector<EngineRun> runs;
+  add_greedy_requests(engine, prompts, max_tokens, settings, runs);
+  while (engine.has_work()) {
+    engine.step();
+    const EngineMetrics m = engine.metrics();
+    ASSERT_LE(store->usage().value().device_pages_used, m.kv_device_pages_reserved + m.kv_dense_layer_pages_reserved);
+  }
+  EXPECT_EQ(engine.metrics().kv_store_exhausted_total, 0u);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(runs[i].tokens, roomy[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(runs[i], roomy[i]), 0.15) << "request " << i;
+  }
+  const KvStoreUsage idle = store->usage().value();
+  EXPECT_EQ(idle.device_pages_used, 0);
+  EXPECT_EQ(idle.host_pages_used, 0);
+}
+
 TEST_F(CudaSparseTest, ElasticCacheBuffersGrowWithoutChangingTokens) {
   // With elastic buffers (the engine's default) a decoding request starts with cache slots for its
   // selection only, and the engine grows its buffer while pages are free. The cache's size must
@@ -347,7 +394,7 @@ TEST_F(CudaSparseTest, ElasticCacheBuffersGrowWithoutChangingTokens) {
   const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
   const std::vector<int64_t> max_tokens{48, 40, 56};
   const int64_t host = pages_for(c, kPage, 8 * kContext);
-  for (const AttentionSettings& attention : {quest(48), seer(64)}) {
+  for (const AttentionSettings& attention : {quest(48), seer(64), shadowkv(48)}) {
     std::vector<std::vector<EngineRun>> runs;
     int64_t largest_buffer = 0;
     for (const bool elastic : {false, true}) {

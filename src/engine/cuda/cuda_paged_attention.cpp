@@ -977,11 +977,6 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     for (int64_t p = 0; p < sp.factored_pages; ++p) {
       for (int64_t h = 0; h < heads; ++h) prompt_ids.push_back(page_id(groups[static_cast<size_t>(p)], h));
     }
-    // Before the prompt's groups go back: the factorisation reads them while it writes these.
-    std::lock_guard lock(mutex_);
-    while (static_cast<int64_t>(sp.factors.size()) < factor_groups_for(sp.factored_pages)) {
-      sp.factors.push_back(groups_.alloc());
-    }
   }
   for (int64_t p = 0; p < (sp.offload() ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -998,6 +993,13 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
       groups[static_cast<size_t>(p)] = kNoGroup;
     }
     while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) sp.cache.push_back(groups_.alloc());
+    // ShadowKV's factors may take the prompt's freed groups: the transition reads those (Index,
+    // then each layer's keys) before it writes the factors, and every other write comes later, in
+    // the step's forward.
+    while (sp.algorithm == HostTierAlgorithm::shadowkv &&
+           static_cast<int64_t>(sp.factors.size()) < factor_groups_for(sp.factored_pages)) {
+      sp.factors.push_back(groups_.alloc());
+    }
   }
   reset_cache_slots(sp.cache, stream);
   sp.decoding = true;
@@ -1149,10 +1151,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     if (!sp->decoding) {
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
-      // Another sequence's allocation may come before this one's pages are freed; ShadowKV's
-      // factor groups are taken before.
-      need_main += std::max<int64_t>(0, sp->cache_target() - (held - kept)) + (new_page ? 1 : 0) +
-                   (shadowkv ? factor_groups_for(chunk.pos0 / ps) : 0);
+      // Another sequence's allocation may come before this one's pages are freed.
+      const int64_t taken = sp->cache_target() + (shadowkv ? factor_groups_for(chunk.pos0 / ps) : 0);
+      need_main += std::max<int64_t>(0, taken - (held - kept)) + (new_page ? 1 : 0);
     } else if (new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =

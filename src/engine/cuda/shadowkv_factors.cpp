@@ -51,7 +51,7 @@ void ShadowKvFactorizer::factorize(std::span<const Layer> layers, cudaStream_t s
   const int64_t chunk_tokens = chunk_pages * shape.page_size;
   keys_.reserve(static_cast<size_t>(chunk_tokens * width), "shadowkv keys");
   gram_.reserve(matrix * static_cast<size_t>(n), "shadowkv Gram matrices");
-  coeffs_.reserve(static_cast<size_t>(chunk_tokens * rank), "shadowkv coefficients");
+  coeffs_.reserve(static_cast<size_t>(shape.num_pages) * shape.page_size * rank, "shadowkv coefficients");
   values_.reserve(static_cast<size_t>(width * n), "shadowkv eigenvalues");
   info_.reserve(static_cast<size_t>(n), "cuSOLVER status");
 
@@ -96,25 +96,26 @@ void ShadowKvFactorizer::factorize(std::span<const Layer> layers, cudaStream_t s
     SPIN_CHECK(info[static_cast<size_t>(l)] == 0, "shadowkv: the key eigensolver failed on layer {} (info {})", l,
                info[static_cast<size_t>(l)]);
   }
-  // A = K·B per chunk (column-major rank x tokens, i.e. row-major [token][rank]), then stored.
+  // A = K·B per chunk (column-major rank x tokens, i.e. row-major [token][rank]). A layer's pages
+  // are all read before its factors are stored: the factor groups may be the prompt's own, freed.
   for (int64_t l = 0; l < n; ++l) {
     const Layer& layer = layers[static_cast<size_t>(l)];
     const float* basis = gram_.get() + matrix * static_cast<size_t>(l) + static_cast<size_t>(width - rank) * width;
-    cuda::ShadowKvStoreParams store = layer.store;
-    store.basis = basis;
-    store.ld_basis = width;
     for (int64_t first = 0; first < pages; first += chunk_pages) {
       const int64_t count = std::min<int64_t>(chunk_pages, pages - first);
       unrotate(layer, first, count);
       blas_check(cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, rank, static_cast<int>(count * shape.page_size), width,
-                             &one, basis, width, keys_.get(), width, &zero, coeffs_.get(), rank),
+                             &one, basis, width, keys_.get(), width, &zero,
+                             coeffs_.get() + first * shape.page_size * rank, rank),
                  "shadowkv coefficients");
-      store.first_page = static_cast<int>(first);
-      store.num_pages = static_cast<int>(count);
-      store.coeffs = coeffs_.get();
-      cuda_check(cuda::shadowkv_store_factors(store, stream), "shadowkv factor store");
-      store.basis = nullptr;  // once
     }
+    cuda::ShadowKvStoreParams store = layer.store;
+    store.basis = basis;
+    store.ld_basis = width;
+    store.first_page = 0;
+    store.num_pages = static_cast<int>(pages);
+    store.coeffs = coeffs_.get();
+    cuda_check(cuda::shadowkv_store_factors(store, stream), "shadowkv factor store");
   }
 }
 

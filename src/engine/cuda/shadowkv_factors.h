@@ -25,7 +25,8 @@ class ShadowKvFactorizer {
   ShadowKvFactorizer& operator=(const ShadowKvFactorizer&) = delete;
 
   // One layer of a prompt: the keys (first_page 0: the whole prompt) and where its factors go
-  // (store's pages, coeffs and basis are set here).
+  // (store's pages, coeffs and basis are set here). The factor groups may be the prompt pages'
+  // own: a layer's keys are all read before its factors are written.
   struct Layer {
     cuda::ShadowKvUnrotateParams keys;
     cuda::ShadowKvStoreParams store;
@@ -41,7 +42,7 @@ class ShadowKvFactorizer {
   cusolverDnParams_t params_ = nullptr;
   DeviceBuffer<float> keys_;    // a chunk of pre-RoPE keys, [tokens][width]
   DeviceBuffer<float> gram_;    // per layer KᵀK, then its eigenvectors (column-major, width x width)
-  DeviceBuffer<float> coeffs_;  // a chunk of A, [tokens][rank]
+  DeviceBuffer<float> coeffs_;  // one layer's A, [tokens][rank]
   DeviceBuffer<float> values_;  // eigenvalues
   DeviceBuffer<char> work_;
   std::vector<char> host_work_;
