@@ -424,5 +424,69 @@ TEST(EngineScheduler, TheDenseLayersOwnPoolBoundsAdmissionAndGrowth) {
   }
 }
 
+// The tiny model's contiguous KV behind a store with an elastic buffer of up to kMaxBuffer pages
+// per sequence (one buffered stream) whose own default is the whole buffer, as the GPU store's
+// is. It tallies the buffer pages its live sequences hold.
+class BufferedStoreFactory final : public AttentionFactory {
+ public:
+  static constexpr int64_t kMaxBuffer = 4;
+  BufferedStoreFactory() : inner_(make_contiguous_attention_factory(tiny().model.attention_shape())) {}
+  std::vector<std::string> algorithms() const override { return inner_->algorithms(); }
+  std::unique_ptr<SequenceKv> create(const AttentionSettings& settings, int64_t max_tokens) override {
+    return std::make_unique<Kv>(inner_->create(settings, max_tokens), held_);
+  }
+  KvDemand capacity() const override { return KvDemand{.device_pages = 1000}; }
+  int64_t buffer_streams(const AttentionSettings&) const override { return 1; }
+  int64_t max_buffer_pages(const AttentionSettings&, int64_t) const override { return kMaxBuffer; }
+  void set_buffer_pages(SequenceKv& kv, int64_t pages) override {
+    auto& buffered = dynamic_cast<Kv&>(kv);
+    held_ += pages - buffered.buffer;
+    buffered.buffer = pages;
+  }
+  int64_t held() const { return held_; }
+
+ private:
+  struct Kv final : SequenceAttention {
+    Kv(std::unique_ptr<SequenceKv> kv, int64_t& tally) : inner(std::move(kv)), held(tally) { held += buffer; }
+    ~Kv() override { held -= buffer; }
+    int64_t length() const override { return inner->length(); }
+    void forward(int64_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens, float* out) override {
+      dynamic_cast<SequenceAttention&>(*inner).forward(layer, pos0, n, tokens, out);
+    }
+    std::unique_ptr<SequenceKv> inner;
+    int64_t& held;
+    int64_t buffer = kMaxBuffer;
+  };
+  std::unique_ptr<AttentionFactory> inner_;
+  int64_t held_ = 0;
+};
+
+TEST(EngineScheduler, ANewRequestsBufferIsTheEnginesNotTheStoresDefault) {
+  // The engine starts an elastic buffer at 0 and grows it once the request decodes. It must tell
+  // the store so even at 0: a GPU store left at its default held whole buffers the reservation
+  // did not count, and ran out of pages outside the step's error handling (the engine stopped).
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = 128;
+  auto factory = std::make_unique<BufferedStoreFactory>();
+  const BufferedStoreFactory* store = factory.get();
+  Engine engine(tiny().model, nullptr, config, std::move(factory));
+  std::mt19937 rng(22);
+  Collector c;
+  for (int i = 0; i < 4; ++i) engine.add_request(random_prompt(rng, 40 + 8 * i), greedy(8), c.callback());
+  int64_t largest = 0;
+  while (engine.has_work()) {
+    ++c.step;
+    engine.step();
+    const EngineMetrics m = engine.metrics();
+    ASSERT_EQ(store->held(), m.kv_buffer_pages_reserved) << "step " << c.step;
+    largest = std::max(largest, m.kv_buffer_pages_reserved);
+    ASSERT_LT(c.step, 500) << "no progress";
+  }
+  EXPECT_GT(largest, 0) << "no buffer ever grew: the check above saw only zeros";
+  EXPECT_EQ(store->held(), 0);
+}
+
 }  // namespace
 }  // namespace spin
