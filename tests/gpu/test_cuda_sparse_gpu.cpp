@@ -118,6 +118,51 @@ class CudaSparseTest : public GpuTest {
     EXPECT_GT(u.hits, 0u) << "consecutive steps never reused a cached page";
   }
 
+  // One request at a time on one store and model: the first decodes alone (its steps are captured
+  // as CUDA graphs), then the second, of the same length, alone, with the same batch size and
+  // context bucket. Each must get the tokens it gets alone: a graph of the first's steps must not
+  // be replayed for the second's if they run different kernels or grids.
+  void expect_graphs_keyed_apart(const std::vector<AttentionSettings>& settings, int prompt_tokens,
+                                 uint64_t weight_seed) {
+    const ModelConfig c = four_layer_config();
+    const ModelWeights w = wide_margin_weights(c, weight_seed);
+    CudaModel model(w, CudaModelOptions{});
+    const auto prompts = random_prompts(rng, c.vocab_size, {prompt_tokens, prompt_tokens});
+    const int64_t host = pages_for(c, kPage, 8 * kContext);
+    // The references first, each alone on its own store, after a run that leaves the model's
+    // buffers at their size for these steps.
+    run_engine(model, sparse_factory(c, model, host), prompts, {40, 40}, nullptr, settings);
+    std::vector<EngineRun> alone;
+    for (size_t i = 0; i < 2; ++i) {
+      alone.push_back(run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {40}, nullptr, {settings[i]})[0]);
+    }
+    EngineConfig config;  // run_engine's, one request at a time: each is scheduled as when alone
+    config.max_num_seqs = 1;
+    config.max_num_batched_tokens = 48;
+    config.max_model_len = kContext;
+    Engine engine(model, nullptr, config, sparse_factory(c, model, host));
+    std::vector<EngineRun> runs(2);
+    for (size_t i = 0; i < 2; ++i) {
+      RequestParams params;  // as run_engine's
+      params.max_tokens = 40;
+      params.sampling.temperature = 0.0f;
+      params.ignore_eos = true;
+      params.top_logprobs = 5;
+      params.attention = settings[i];
+      engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
+        runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
+        runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
+      });
+    }
+    const int64_t replays = model.stats().graph_replays;
+    while (engine.has_work()) engine.step();
+    EXPECT_GT(model.stats().graph_replays, replays);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(runs[i].tokens, alone[i].tokens) << "request " << i;
+      EXPECT_LE(max_logprob_difference(runs[i], alone[i]), 0.15) << "request " << i;
+    }
+  }
+
   std::mt19937 rng{777};
 };
 
@@ -253,48 +298,15 @@ TEST_F(CudaSparseTest, DenseOffloadEqualsDenseWithItsKvInTheHostTier) {
 }
 
 TEST_F(CudaSparseTest, GraphsOfDenseStepsAreNotReplayedForQuestSteps) {
-  // One request at a time on one store and model: a dense request decodes alone (its steps are
-  // captured as CUDA graphs), then a Quest request of the same length decodes alone, with the same
-  // batch size and context bucket. Replaying the dense graph would skip Quest's write-through and
-  // pipeline; its tokens must be those it gets alone.
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 36);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {200, 200});
-  const int64_t host = pages_for(c, kPage, 8 * kContext);
-  const std::vector<AttentionSettings> settings{AttentionSettings{}, quest(48)};
-  // The references first, each alone on its own store, after a run that leaves the model's
-  // buffers at their size for these steps.
-  run_engine(model, sparse_factory(c, model, host), prompts, {40, 40}, nullptr, settings);
-  std::vector<EngineRun> alone;
-  for (size_t i = 0; i < 2; ++i) {
-    alone.push_back(run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {40}, nullptr, {settings[i]})[0]);
-  }
-  EngineConfig config;  // run_engine's, one request at a time: each is scheduled as when alone
-  config.max_num_seqs = 1;
-  config.max_num_batched_tokens = 48;
-  config.max_model_len = kContext;
-  Engine engine(model, nullptr, config, sparse_factory(c, model, host));
-  std::vector<EngineRun> runs(2);
-  for (size_t i = 0; i < 2; ++i) {
-    RequestParams params;  // as run_engine's
-    params.max_tokens = 40;
-    params.sampling.temperature = 0.0f;
-    params.ignore_eos = true;
-    params.top_logprobs = 5;
-    params.attention = settings[i];
-    engine.add_request(prompts[i], params, [&runs, i](const RequestOutput& o) {
-      runs[i].tokens.insert(runs[i].tokens.end(), o.token_ids.begin(), o.token_ids.end());
-      runs[i].logprobs.insert(runs[i].logprobs.end(), o.logprobs.begin(), o.logprobs.end());
-    });
-  }
-  const int64_t replays = model.stats().graph_replays;
-  while (engine.has_work()) engine.step();
-  EXPECT_GT(model.stats().graph_replays, replays);
-  for (size_t i = 0; i < 2; ++i) {
-    EXPECT_EQ(runs[i].tokens, alone[i].tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(runs[i], alone[i]), 0.15) << "request " << i;
-  }
+  // Replaying the dense request's graph would skip Quest's write-through and pipeline.
+  expect_graphs_keyed_apart({AttentionSettings{}, quest(48)}, 200, 36);
+}
+
+TEST_F(CudaSparseTest, ShadowKvGraphsAreKeyedByTheirKeyRebuildsGrid) {
+  // The first request selects 3 pages; the second every candidate (about 23), whose first step
+  // misses them all. Replaying the first one's graph would launch a key rebuild too small for
+  // them, leaving keys of fetched pages unwritten.
+  expect_graphs_keyed_apart({shadowkv(16), shadowkv(0, 1.0)}, 460, 44);
 }
 
 TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {

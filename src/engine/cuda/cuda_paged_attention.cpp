@@ -217,7 +217,9 @@ class CudaKvStore final : public DeviceAttention {
     bool seer_decode = false;   // some decode row runs Seer's
     bool shadowkv_decode = false;  // some decode row runs ShadowKV's (and rebuilds keys)
     int32_t max_candidates = 0;
-    int32_t max_selected = 0;   // the largest selection of a decode item
+    // ShadowKV: the most pages an item's key rebuild may take, the step's largest selection
+    // rounded up to a power of two (>= 16), which keys the step's graph.
+    int32_t rebuild_bound = 0;
     const int32_t* page_of = nullptr;
     const int32_t* low_page_of = nullptr;
     const int32_t* host_page_of = nullptr;
@@ -576,9 +578,13 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     shadowkv_rank_ = sparse::shadowkv_rank(shadowkv, shape);
     shadowkv_outliers_ = shadowkv.shadowkv_outliers;
     const int64_t width = shape.n_kv_heads * shape.head_dim;
+    int shared_per_block = 0;
+    cuda_check(cudaDeviceGetAttribute(&shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+               "shared memory per block");
     const int64_t max_rank = std::min<int64_t>(
         {width, page_size_ * shape.head_dim,
-         cuda::shadowkv_max_rank(static_cast<int>(shape.head_dim), static_cast<int>(page_size_))});
+         cuda::shadowkv_max_rank(static_cast<int>(shape.head_dim), static_cast<int>(page_size_),
+                                 static_cast<size_t>(shared_per_block))});
     if (c.rope.inv_freq.size() != static_cast<size_t>(shape.head_dim / 2)) {
       seer_refusal_ = "seer on the CUDA backend needs the model's RoPE table (the store was made without it)";
       shadowkv_refusal_ = "shadowkv on the CUDA backend needs the model's RoPE table (the store was made without it)";
@@ -1544,6 +1550,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   std::copy(prompt_ids.begin(), prompt_ids.end(), t + at_prompt_ids);
   for (Factorisation& f : factorisations) f.factor_at = t[at_factor_offsets + f.row];
 
+  int32_t rebuild_bound = 0;
+  if (shadowkv_decode) {
+    rebuild_bound = 16;
+    while (rebuild_bound < max_selected) rebuild_bound *= 2;
+  }
+
   profile_counts_.clear();
   if (profiling_ && (quest_decode || seer_decode || shadowkv_decode)) {
     profile_counts_.assign(t + at_counts, t + at_counts + items);
@@ -1584,7 +1596,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .seer_decode = seer_decode,
                .shadowkv_decode = shadowkv_decode,
                .max_candidates = static_cast<int32_t>(max_pages),
-               .max_selected = max_selected,
+               .rebuild_bound = rebuild_bound,
                .page_of = d + at_page_of,
                .low_page_of = d + at_low_page_of,
                .host_page_of = d + at_host_page_of,
@@ -1664,10 +1676,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     shadowkv_factorise(factorisations, d + at_prompt_ids, stream);
   }
-  // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run.
+  // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run, and by
+  // the key rebuild's grid (its bound's log2 above the pipeline bits).
+  uint32_t rebuild_bits = 0;
+  for (int32_t b = rebuild_bound; b > 1; b /= 2) ++rebuild_bits;
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,
                           (sparse_rows ? 1u : 0u) | (quest_decode ? 2u : 0u) | (seer_decode ? 4u : 0u) |
-                              (shadowkv_decode ? 8u : 0u)};
+                              (shadowkv_decode ? 8u : 0u) | (rebuild_bits << 4)};
 }
 
 void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
@@ -1840,7 +1855,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         rebuild.factor_offsets = step_.factor_offsets;
         rebuild.basis_groups = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), head_dim,
                                                            static_cast<int>(shadowkv_rank_));
-        rebuild.max_count = step_.max_selected;
+        rebuild.max_count = step_.rebuild_bound;
         rebuild.num_seqs = decode_rows;
         rebuild.num_kv_heads = heads;
         rebuild.head_dim = head_dim;

@@ -85,7 +85,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   if (count < 0 || count > slots || slots > kMaxCacheSlots) {
     for (int k = tid; k < count; k += kThreads) out[k] = -1;
-    if (tid == 0) *p.error = 1;
+    if (tid == 0) {
+      *p.error = 1;
+      if (p.rebuild_end) p.rebuild_counts[item] = 0;  // nothing fetched: no key to rebuild
+    }
     return;
   }
 

@@ -30,7 +30,6 @@ constexpr int kThreads = kWarps * 32;
 static_assert(kThreads == 256, "shadowkv_score_scratch counts blocks of 256 candidates");
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kRebuildPages = 16;  // pages per rebuild block (each loads its KV head's basis once)
-constexpr int kRebuildSharedBytes = 200 * 1024;      // within the 227 KB a Hopper block may take
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
@@ -463,17 +462,17 @@ cudaError_t shadowkv_store_factors(const ShadowKvStoreParams& p, cudaStream_t st
   return cudaGetLastError();
 }
 
-int shadowkv_max_rank(int head_dim, int page_size) {
-  // The largest multiple of 8 whose shared memory (rebuild_shared_bytes) fits the kernel's.
-  int rank = 8;
-  while (rebuild_shared_bytes(head_dim, page_size, rank + 8) <= static_cast<size_t>(kRebuildSharedBytes)) rank += 8;
+int shadowkv_max_rank(int head_dim, int page_size, size_t shared_bytes) {
+  // The largest multiple of 8 whose shared memory (rebuild_shared_bytes) fits; 0 if none does.
+  int rank = 0;
+  while (rebuild_shared_bytes(head_dim, page_size, rank + 8) <= shared_bytes) rank += 8;
   return rank;
 }
 
 cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || items > INT_MAX || !valid_shape(p.head_dim, p.page_size) ||
-      p.rank < 8 || p.rank % 8 != 0 || p.rank > shadowkv_max_rank(p.head_dim, p.page_size) ||
+      p.rank < 8 || p.rank % 8 != 0 ||
       p.rank > p.page_size * p.head_dim ||
       p.rank > 2 * p.num_kv_heads * p.head_dim || p.basis_groups < 1 || p.max_count < 0)
     return cudaErrorInvalidValue;
@@ -482,13 +481,14 @@ cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t s
       !p.inv_freq)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>((p.max_count + kRebuildPages - 1) / kRebuildPages));
-  const size_t shared = rebuild_shared_bytes(p.head_dim, p.page_size, p.rank);
+  // Fails (cudaErrorInvalidValue) past the device's shared memory per block: shadowkv_max_rank.
+  const auto shared = static_cast<int>(rebuild_shared_bytes(p.head_dim, p.page_size, p.rank));
   cudaError_t e = cudaSuccess;
   if (p.head_dim == 64) {
-    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRebuildSharedBytes);
+    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
     if (e == cudaSuccess) shadowkv_rebuild_kernel<64><<<grid, kThreads, shared, stream>>>(p);
   } else {
-    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kRebuildSharedBytes);
+    e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
     if (e == cudaSuccess) shadowkv_rebuild_kernel<128><<<grid, kThreads, shared, stream>>>(p);
   }
   return e != cudaSuccess ? e : cudaGetLastError();

@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace spin::cuda {
@@ -161,7 +162,9 @@ struct ShadowKvRebuildParams {
   const int32_t* factor_dir = nullptr;
   const int32_t* factor_offsets = nullptr;  // [num_seqs]
   int basis_groups = 0;
-  int max_count = 0;  // bound on counts[i] (the grid covers that many pages per item)
+  // Bound on counts[i]: the grid covers that many pages per item. A captured graph replays the
+  // grid, so it must come from what keys the graph (not from this step's selection).
+  int max_count = 0;
   int num_seqs = 0;
   int num_kv_heads = 0;
   int head_dim = 128;
@@ -170,9 +173,9 @@ struct ShadowKvRebuildParams {
   const float* inv_freq = nullptr;
   bool neox = true;
 };
-// Largest rank shadowkv_rebuild_keys takes for this head_dim and page_size (its shared memory);
-// the rank must also be a multiple of 8.
-int shadowkv_max_rank(int head_dim, int page_size);
+// Largest rank shadowkv_rebuild_keys takes for this head_dim and page_size within shared_bytes of
+// shared memory per block (the device's opt-in limit); the rank must also be a multiple of 8.
+int shadowkv_max_rank(int head_dim, int page_size, size_t shared_bytes);
 cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t stream);
 
 }  // namespace spin::cuda
