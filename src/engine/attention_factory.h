@@ -98,7 +98,9 @@ class AttentionFactory {
   // pages holds up to buffer_streams * b device pages. Defaults: no buffer.
   virtual int64_t buffer_streams(const AttentionSettings&) const { return 0; }
   virtual int64_t max_buffer_pages(const AttentionSettings&, int64_t /*max_tokens*/) const { return 0; }
-  // Resizes the buffer of a sequence create() made; shrinking frees the pages at once.
+  // Resizes the buffer of a sequence create() made; shrinking frees the pages at once. The engine
+  // sets every new sequence's buffer (0 included) before its first step, so a store's own default
+  // (the GPU's: the whole buffer) only holds where no engine sizes it (benchmarks).
   virtual void set_buffer_pages(SequenceKv&, int64_t /*pages*/) {}
   // Device-tier hits and misses of one sequence's retrieves so far (paged stores).
   virtual std::optional<KvCacheCounts> cache_counts(const SequenceKv&) const { return std::nullopt; }

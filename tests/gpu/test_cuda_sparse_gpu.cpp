@@ -15,6 +15,7 @@
 #include "gpu_model_test.h"
 #include "gpu_test.h"
 
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
@@ -161,6 +162,54 @@ class CudaSparseTest : public GpuTest {
       EXPECT_EQ(runs[i].tokens, alone[i].tokens) << "request " << i;
       EXPECT_LE(max_logprob_difference(runs[i], alone[i]), 0.15) << "request " << i;
     }
+  }
+
+  // Eight prompts on a roomy store (16 contexts of device pages), then on a tight one (2), both
+  // with a host tier of 8 contexts, RoPE and `configure`'s changes, through run_engine's engine
+  // config; `each_step` (if set) checks the tight run after every step. Each request must get the
+  // roomy store's tokens and the tight store's pools must end empty. `tight`: that run's metrics.
+  void expect_tight_pool_gives_roomy_tokens(
+      uint64_t weight_seed, const AttentionSettings& attention, const std::function<void(CudaPagedKvConfig&)>& configure,
+      const std::function<void(const Engine&, const CudaPagedAttentionFactory&)>& each_step, EngineMetrics& tight) {
+    const ModelConfig c = four_layer_config();
+    const ModelWeights w = wide_margin_weights(c, weight_seed);
+    CudaModel model(w, CudaModelOptions{});
+    const auto prompts = random_prompts(rng, c.vocab_size, {120, 136, 152, 168, 184, 200, 216, 232});
+    const std::vector<int64_t> max_tokens(prompts.size(), 64);
+    const std::vector<AttentionSettings> settings(prompts.size(), attention);
+    const auto factory = [&](int64_t device_tokens) {
+      CudaPagedKvConfig kv = paged_kv_config(kPage, pages_for(c, kPage, device_tokens), 8, kContext);
+      kv.host_pages = pages_for(c, kPage, 8 * kContext);
+      kv.rope = make_rope_table(c.rope, c.head_dim);
+      configure(kv);
+      return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+    };
+    const auto roomy = run_engine(model, factory(16 * kContext), prompts, max_tokens, nullptr, settings);
+
+    EngineConfig config;  // run_engine's
+    config.max_num_seqs = 8;
+    config.max_num_batched_tokens = 48;
+    config.max_model_len = kContext;
+    auto small = factory(2 * kContext);
+    const CudaPagedAttentionFactory* store = small.get();
+    Engine engine(model, nullptr, config, std::move(small));
+    std::vector<EngineRun> runs;
+    add_greedy_requests(engine, prompts, max_tokens, settings, runs);
+    while (engine.has_work()) {
+      engine.step();
+      if (each_step) {
+        ASSERT_NO_FATAL_FAILURE(each_step(engine, *store));
+      }
+    }
+    tight = engine.metrics();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
+      EXPECT_EQ(runs[i].tokens, roomy[i].tokens) << "request " << i;
+      EXPECT_LE(max_logprob_difference(runs[i], roomy[i]), 0.15) << "request " << i;
+    }
+    const KvStoreUsage idle = store->usage().value();
+    EXPECT_EQ(idle.device_pages_used, 0);
+    EXPECT_EQ(idle.host_pages_used, 0);
   }
 
   std::mt19937 rng{777};
@@ -313,40 +362,12 @@ TEST_F(CudaSparseTest, SwapPreemptionResumesWithTheTokensOfARoomyStore) {
   // A device pool of two contexts' pages and a host tier of eight: prefills keep preempting
   // decoding requests, which are swapped out (their KV stays in the host tier, the first dense
   // layers copied there) and resume without recompute. Their tokens must be a roomy store's.
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 40);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {120, 136, 152, 168, 184, 200, 216, 232});
-  const std::vector<int64_t> max_tokens(prompts.size(), 64);
-  const std::vector<AttentionSettings> settings(prompts.size(), quest(0, 0.5));
-  const auto factory = [&](int64_t device_tokens) {
-    CudaPagedKvConfig kv = paged_kv_config(kPage, pages_for(c, kPage, device_tokens), 8, kContext);
-    kv.host_pages = pages_for(c, kPage, 8 * kContext);
-    kv.buffer_factor = 0.0;  // cache slots = the selection: a decoding request holds few pages
-    kv.rope = make_rope_table(c.rope, c.head_dim);
-    return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
-  };
-  const auto roomy = run_engine(model, factory(16 * kContext), prompts, max_tokens, nullptr, settings);
-
-  EngineConfig config;  // run_engine's
-  config.max_num_seqs = 8;
-  config.max_num_batched_tokens = 48;
-  config.max_model_len = kContext;
-  auto tight = factory(2 * kContext);
-  const CudaPagedAttentionFactory* store = tight.get();
-  Engine engine(model, nullptr, config, std::move(tight));
-  std::vector<EngineRun> runs;
-  add_greedy_requests(engine, prompts, max_tokens, settings, runs);
-  while (engine.has_work()) engine.step();
-  EXPECT_GT(engine.metrics().preemptions_swap, 0u) << "the small pool never swapped a request out";
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
-    EXPECT_EQ(runs[i].tokens, roomy[i].tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(runs[i], roomy[i]), 0.15) << "request " << i;
-  }
-  const KvStoreUsage idle = store->usage().value();
-  EXPECT_EQ(idle.device_pages_used, 0);
-  EXPECT_EQ(idle.host_pages_used, 0);
+  EngineMetrics tight;
+  ASSERT_NO_FATAL_FAILURE(expect_tight_pool_gives_roomy_tokens(
+      40, quest(0, 0.5),
+      [](CudaPagedKvConfig& kv) { kv.buffer_factor = 0.0; },  // cache slots = the selection: few pages
+      {}, tight));
+  EXPECT_GT(tight.preemptions_swap, 0u) << "the small pool never swapped a request out";
 }
 
 TEST_F(CudaSparseTest, ShadowKvInATightPoolGetsTheTokensOfARoomyStore) {
@@ -356,44 +377,15 @@ TEST_F(CudaSparseTest, ShadowKvInATightPoolGetsTheTokensOfARoomyStore) {
   // preempts by recompute. Tokens must be a roomy store's, no step may run out of pages, and after
   // every step the store may hold no more device pages than the engine reserved (elastic buffers
   // included: a new request's cache buffer starts at the engine's size, not the store's default).
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 43);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {120, 136, 152, 168, 184, 200, 216, 232});
-  const std::vector<int64_t> max_tokens(prompts.size(), 64);
-  const std::vector<AttentionSettings> settings(prompts.size(), shadowkv(0, 0.5));
-  const auto factory = [&](int64_t device_tokens) {
-    CudaPagedKvConfig kv = paged_kv_config(kPage, pages_for(c, kPage, device_tokens), 8, kContext);
-    kv.host_pages = pages_for(c, kPage, 8 * kContext);
-    kv.rope = make_rope_table(c.rope, c.head_dim);
-    kv.shadowkv_outliers = 2;
-    return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
-  };
-  const auto roomy = run_engine(model, factory(16 * kContext), prompts, max_tokens, nullptr, settings);
-
-  EngineConfig config;  // run_engine's
-  config.max_num_seqs = 8;
-  config.max_num_batched_tokens = 48;
-  config.max_model_len = kContext;
-  auto tight = factory(2 * kContext);
-  const CudaPagedAttentionFactory* store = tight.get();
-  Engine engine(model, nullptr, config, std::move(tight));
-  std::vector<EngineRun> runs;
-  add_greedy_requests(engine, prompts, max_tokens, settings, runs);
-  while (engine.has_work()) {
-    engine.step();
-    const EngineMetrics m = engine.metrics();
-    ASSERT_LE(store->usage().value().device_pages_used, m.kv_device_pages_reserved + m.kv_dense_layer_pages_reserved);
-  }
-  EXPECT_EQ(engine.metrics().kv_store_exhausted_total, 0u);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
-    EXPECT_EQ(runs[i].tokens, roomy[i].tokens) << "request " << i;
-    EXPECT_LE(max_logprob_difference(runs[i], roomy[i]), 0.15) << "request " << i;
-  }
-  const KvStoreUsage idle = store->usage().value();
-  EXPECT_EQ(idle.device_pages_used, 0);
-  EXPECT_EQ(idle.host_pages_used, 0);
+  EngineMetrics tight;
+  ASSERT_NO_FATAL_FAILURE(expect_tight_pool_gives_roomy_tokens(
+      43, shadowkv(0, 0.5), [](CudaPagedKvConfig& kv) { kv.shadowkv_outliers = 2; },
+      [](const Engine& engine, const CudaPagedAttentionFactory& store) {
+        const EngineMetrics m = engine.metrics();
+        ASSERT_LE(store.usage().value().device_pages_used, m.kv_device_pages_reserved + m.kv_dense_layer_pages_reserved);
+      },
+      tight));
+  EXPECT_EQ(tight.kv_store_exhausted_total, 0u);
 }
 
 TEST_F(CudaSparseTest, ElasticCacheBuffersGrowWithoutChangingTokens) {

@@ -279,7 +279,8 @@ class CudaKvStore final : public DeviceAttention {
     std::vector<int32_t> src, dst, page;
   };
   // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
-  // (page_id of each, [page][KV head], from `first` in the flat list) to factorise.
+  // to factorise: page_id of each, [page][KV head], from `first` in its IndexList's src (which
+  // Index reads too).
   struct Factorisation {
     int64_t row = 0;
     int64_t pages = 0;
@@ -313,30 +314,24 @@ class CudaKvStore final : public DeviceAttention {
   int32_t low_page_id(uint32_t low, int64_t head) const { return page_id(static_cast<uint32_t>(groups_total_) + low, head); }
   // Summary entry (kernels/cuda/sparse_select.h) of logical page p of KV head h in chunk c.
   int32_t summary_entry(uint32_t chunk, int64_t head, int64_t page) const {
-    return static_cast<int32_t>((int64_t{chunk} * shape_.n_kv_heads + head) * cuda::kSummaryChunkPages +
-                                page % cuda::kSummaryChunkPages);
+    return static_cast<int32_t>(
+        cuda::summary_entry(chunk, static_cast<int>(shape_.n_kv_heads), static_cast<int>(head), page));
   }
   // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
-  // cache slots (and ShadowKV's factor groups, adding its prompt's page ids to `prompt_ids`), and
-  // adds every complete page to `to_index`.
+  // cache slots (and ShadowKV's factor groups), and adds every complete page to `to_index`.
   void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, IndexList& to_index,
-                   std::vector<int32_t>& prompt_ids, cudaStream_t stream);
+                   cudaStream_t stream);
   // ShadowKV's factor groups for a prompt of `pages` complete pages: the basis's, then A's.
   int64_t factor_groups_for(int64_t pages) const {
-    const int64_t a = cuda::shadowkv_pages_per_factor_group(static_cast<int>(shape_.n_kv_heads),
-                                                            static_cast<int>(shape_.head_dim),
-                                                            static_cast<int>(shadowkv_rank_));
-    return cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape_.head_dim),
-                                       static_cast<int>(shadowkv_rank_)) +
-           (pages + a - 1) / a;
+    return shadowkv_basis_groups_ + (pages + shadowkv_factor_pages_ - 1) / shadowkv_factor_pages_;
   }
   // The ShadowKV transitions' Index in layer `layer`, after the step's tables are up: landmarks of
   // their prompt pages (src / dst / score_at: num_pages entries of the step tables) and outlier
   // chunks.
   void shadowkv_transition(int64_t layer, int64_t num_pages, const int32_t* src, const int32_t* dst,
                            const int32_t* score_at, cudaStream_t stream);
-  // The factorisation of each job's prompt keys (prompt_ids: the jobs' page lists) in every sparse
-  // layer. Waits for the stream.
+  // The factorisation of each job's prompt keys (prompt_ids: the transitions' page list) in every
+  // sparse layer. Waits for the stream.
   void shadowkv_factorise(const std::vector<Factorisation>& jobs, const int32_t* prompt_ids, cudaStream_t stream);
 
   AttentionShape shape_;
@@ -362,6 +357,9 @@ class CudaKvStore final : public DeviceAttention {
   sparse::AlgorithmTraits shadowkv_traits_;
   int64_t shadowkv_rank_ = 0;
   int64_t shadowkv_outliers_ = 0;
+  // Its factors' layout (kernels/cuda/shadowkv.h): groups of the basis, prompt pages per A group.
+  int64_t shadowkv_basis_groups_ = 0;
+  int64_t shadowkv_factor_pages_ = 1;
   std::string shadowkv_refusal_;
   std::unique_ptr<ShadowKvFactorizer> factorizer_;
   DeviceBuffer<float> logits_;              // ShadowKV's per-head logits (score scratch)
@@ -577,6 +575,12 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     shadowkv.shadowkv_outliers = c.shadowkv_outliers.value_or(shadowkv.shadowkv_outliers);
     shadowkv_rank_ = sparse::shadowkv_rank(shadowkv, shape);
     shadowkv_outliers_ = shadowkv.shadowkv_outliers;
+    if (shadowkv_rank_ > 0) {
+      shadowkv_basis_groups_ = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape.head_dim),
+                                                           static_cast<int>(shadowkv_rank_));
+      shadowkv_factor_pages_ = cuda::shadowkv_pages_per_factor_group(
+          static_cast<int>(shape.n_kv_heads), static_cast<int>(shape.head_dim), static_cast<int>(shadowkv_rank_));
+    }
     const int64_t width = shape.n_kv_heads * shape.head_dim;
     int shared_per_block = 0;
     cuda_check(cudaDeviceGetAttribute(&shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
@@ -974,16 +978,11 @@ cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
 }
 
 void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
-                              IndexList& to_index, std::vector<int32_t>& prompt_ids, cudaStream_t stream) {
+                              IndexList& to_index, cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
-  if (sp.algorithm == HostTierAlgorithm::shadowkv) {
-    sp.factored_pages = pos / page_size_;
-    for (int64_t p = 0; p < sp.factored_pages; ++p) {
-      for (int64_t h = 0; h < heads; ++h) prompt_ids.push_back(page_id(groups[static_cast<size_t>(p)], h));
-    }
-  }
+  if (sp.algorithm == HostTierAlgorithm::shadowkv) sp.factored_pages = pos / page_size_;
   for (int64_t p = 0; p < (sp.offload() ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
       to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
@@ -1054,8 +1053,6 @@ void CudaKvStore::shadowkv_transition(int64_t layer, int64_t num_pages, const in
 void CudaKvStore::shadowkv_factorise(const std::vector<Factorisation>& jobs, const int32_t* prompt_ids,
                                      cudaStream_t stream) {
   const int heads = static_cast<int>(shape_.n_kv_heads);
-  const int basis = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), static_cast<int>(shape_.head_dim),
-                                                static_cast<int>(shadowkv_rank_));
   std::vector<ShadowKvFactorizer::Layer> layers;
   for (const Factorisation& job : jobs) {
     if (job.pages == 0) continue;
@@ -1074,7 +1071,7 @@ void CudaKvStore::shadowkv_factorise(const std::vector<Factorisation>& jobs, con
       cuda::ShadowKvStoreParams store;
       store.kv_pool = pool;
       store.basis_groups = step_.factor_dir + job.factor_at;
-      store.factor_groups = store.basis_groups + basis;
+      store.factor_groups = store.basis_groups + shadowkv_basis_groups_;
       store.num_kv_heads = heads;
       store.head_dim = keys.head_dim;
       store.page_size = keys.page_size;
@@ -1187,7 +1184,6 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
   IndexList quest_transitions, seer_transitions, shadowkv_transitions;
   std::vector<Factorisation> factorisations;
-  std::vector<int32_t> prompt_ids;
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -1209,11 +1205,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     const sparse::DecodeWindow w = plans[i].window;
     if (!sp->decoding) {  // takes the lock itself
-      const auto first_id = static_cast<int64_t>(prompt_ids.size());
+      const auto first_id = static_cast<int64_t>(shadowkv_transitions.src.size());
       IndexList& to_index = sp->algorithm == HostTierAlgorithm::seer       ? seer_transitions
                             : sp->algorithm == HostTierAlgorithm::shadowkv ? shadowkv_transitions
                                                                            : quest_transitions;
-      end_prefill(kv, pos, w, to_index, prompt_ids, stream);
+      end_prefill(kv, pos, w, to_index, stream);
       if (sp->algorithm == HostTierAlgorithm::shadowkv) {
         factorisations.push_back({static_cast<int64_t>(i), sp->factored_pages, first_id});
       }
@@ -1323,8 +1319,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const auto shadowkv_transitions_n = static_cast<int64_t>(shadowkv_transitions.src.size());
   const int64_t at_shadowkv_transition_src = take(shadowkv_transitions_n),
                 at_shadowkv_transition_dst = take(shadowkv_transitions_n),
-                at_shadowkv_transition_score = take(shadowkv_transitions_n),
-                at_prompt_ids = take(static_cast<int64_t>(prompt_ids.size()));
+                at_shadowkv_transition_score = take(shadowkv_transitions_n);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
@@ -1525,30 +1520,23 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   // ShadowKV's transitions: the outliers are the `unbudgeted` lowest cosines among the first
   // decode step's candidates; their negated cosines go where select_top_pages reads the row's
   // scores.
-  for (const Factorisation& f : factorisations) {
+  std::copy(shadowkv_transitions.src.begin(), shadowkv_transitions.src.end(), t + at_shadowkv_transition_src);
+  std::copy(shadowkv_transitions.dst.begin(), shadowkv_transitions.dst.end(), t + at_shadowkv_transition_dst);
+  for (Factorisation& f : factorisations) {
     const SparseKv& sp = *seqs[static_cast<size_t>(f.row)]->sparse();
     const sparse::DecodeWindow& w = plans[static_cast<size_t>(f.row)].window;
     t[at_outlier_first + f.row] = static_cast<int32_t>(w.sink_end);
     t[at_outlier_end + f.row] = static_cast<int32_t>(w.window_start);
     for (int64_t h = 0; h < heads; ++h) t[at_outlier_counts + f.row * heads + h] = static_cast<int32_t>(sp.unbudgeted);
-  }
-  std::copy(shadowkv_transitions.src.begin(), shadowkv_transitions.src.end(), t + at_shadowkv_transition_src);
-  std::copy(shadowkv_transitions.dst.begin(), shadowkv_transitions.dst.end(), t + at_shadowkv_transition_dst);
-  {
-    int64_t n = 0;
-    for (const Factorisation& f : factorisations) {
-      const sparse::DecodeWindow& w = plans[static_cast<size_t>(f.row)].window;
-      for (int64_t p = 0; p < f.pages; ++p) {
-        for (int64_t h = 0; h < heads; ++h, ++n) {
-          const bool candidate = p >= int64_t{w.sink_end} && p < int64_t{w.window_start};
-          t[at_shadowkv_transition_score + n] =
-              candidate ? static_cast<int32_t>((f.row * heads + h) * max_pages + (p - w.sink_end)) : -1;
-        }
+    for (int64_t p = 0; p < f.pages; ++p) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const bool candidate = p >= int64_t{w.sink_end} && p < int64_t{w.window_start};
+        t[at_shadowkv_transition_score + f.first + p * heads + h] =
+            candidate ? static_cast<int32_t>((f.row * heads + h) * max_pages + (p - w.sink_end)) : -1;
       }
     }
+    f.factor_at = t[at_factor_offsets + f.row];
   }
-  std::copy(prompt_ids.begin(), prompt_ids.end(), t + at_prompt_ids);
-  for (Factorisation& f : factorisations) f.factor_at = t[at_factor_offsets + f.row];
 
   int32_t rebuild_bound = 0;
   if (shadowkv_decode) {
@@ -1674,7 +1662,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       shadowkv_transition(l, shadowkv_transitions_n, d + at_shadowkv_transition_src, d + at_shadowkv_transition_dst,
                           d + at_shadowkv_transition_score, stream);
     }
-    shadowkv_factorise(factorisations, d + at_prompt_ids, stream);
+    shadowkv_factorise(factorisations, d + at_shadowkv_transition_src, stream);
   }
   // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run, and by
   // the key rebuild's grid (its bound's log2 above the pipeline bits).
@@ -1853,8 +1841,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         rebuild.counts = step_.rebuild_counts;
         rebuild.factor_dir = step_.factor_dir;
         rebuild.factor_offsets = step_.factor_offsets;
-        rebuild.basis_groups = cuda::shadowkv_basis_groups(static_cast<int>(page_size_), head_dim,
-                                                           static_cast<int>(shadowkv_rank_));
+        rebuild.basis_groups = static_cast<int>(shadowkv_basis_groups_);
         rebuild.max_count = step_.rebuild_bound;
         rebuild.num_seqs = decode_rows;
         rebuild.num_kv_heads = heads;

@@ -96,7 +96,8 @@ void ShadowKvFactorizer::factorize(std::span<const Layer> layers, cudaStream_t s
     SPIN_CHECK(info[static_cast<size_t>(l)] == 0, "shadowkv: the key eigensolver failed on layer {} (info {})", l,
                info[static_cast<size_t>(l)]);
   }
-  // A = K·B per chunk (column-major rank x tokens, i.e. row-major [token][rank]). A layer's pages
+  // A = K·B per chunk (column-major rank x tokens, i.e. row-major [token][rank]), the keys turned
+  // back a second time (keeping them would take tokens x width floats per layer). A layer's pages
   // are all read before its factors are stored: the factor groups may be the prompt's own, freed.
   for (int64_t l = 0; l < n; ++l) {
     const Layer& layer = layers[static_cast<size_t>(l)];
@@ -112,7 +113,6 @@ void ShadowKvFactorizer::factorize(std::span<const Layer> layers, cudaStream_t s
     cuda::ShadowKvStoreParams store = layer.store;
     store.basis = basis;
     store.ld_basis = width;
-    store.first_page = 0;
     store.num_pages = static_cast<int>(pages);
     store.coeffs = coeffs_.get();
     cuda_check(cuda::shadowkv_store_factors(store, stream), "shadowkv factor store");

@@ -263,15 +263,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
 
   // Misses whose keys the device rebuilds: ranked apart, their copies (values only) come first.
+  // rebuild_end is the block's own (one seq), so the scan runs for every thread or none.
   const int32_t rebuild_end = p.rebuild_end ? p.rebuild_end[seq] : 0;
-  uint32_t value_rank[kPerThread];
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    const int k = tid * kPerThread + i;
-    value_rank[i] = k < count && sh.select.hit_slot[k] == kNoSlot && needed[k] < rebuild_end;
-  }
+  uint32_t value_rank[kPerThread] = {};
   uint32_t value_total = 0;
-  Scan(sh.scan).ExclusiveSum(value_rank, value_rank, value_total);
+  if (rebuild_end > 0) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int k = tid * kPerThread + i;
+      value_rank[i] = k < count && sh.select.hit_slot[k] == kNoSlot && needed[k] < rebuild_end;
+    }
+    Scan(sh.scan).ExclusiveSum(value_rank, value_rank, value_total);
+  }
   const int value_misses = static_cast<int>(value_total);
 
   // Table update and output: the k-th miss takes the k-th free slot.

@@ -116,9 +116,7 @@ __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams
 #pragma unroll
       for (int e = 0; e < V; ++e) key[e] = 0.0f;
       for (int pg = p0; pg < p1; ++pg) {
-        const int64_t entry = (static_cast<int64_t>(dir[pg / kSummaryChunkPages]) * p.num_kv_heads + h) *
-                                  kSummaryChunkPages +
-                              pg % kSummaryChunkPages;
+        const int64_t entry = summary_entry(dir[pg / kSummaryChunkPages], p.num_kv_heads, h, pg);
         FloatVec<V>::add(summaries + entry * D + lane * V, key);
       }
       const auto count = static_cast<float>((p1 - p0) * p.page_size);

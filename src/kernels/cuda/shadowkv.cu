@@ -39,9 +39,9 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-__device__ __forceinline__ int64_t summary_entry(const int32_t* dir, int num_kv_heads, int h, int page) {
-  return (static_cast<int64_t>(dir[page / kSummaryChunkPages]) * num_kv_heads + h) * kSummaryChunkPages +
-         page % kSummaryChunkPages;
+// The summary entry of logical page `page` of KV head h, through a request's chunk directory.
+__device__ __forceinline__ int64_t entry_of(const int32_t* dir, int num_kv_heads, int h, int page) {
+  return summary_entry(dir[page / kSummaryChunkPages], num_kv_heads, h, page);
 }
 
 // RoPE pair j of head_dim D: its two dimensions.
@@ -102,7 +102,7 @@ __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
   const int32_t* pages = p.pages + p.offsets[item];
   const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
   for (int k = threadIdx.x; k < p.counts[item]; k += blockDim.x) {
-    const int64_t entry = summary_entry(dir, p.num_kv_heads, h, pages[k]);
+    const int64_t entry = entry_of(dir, p.num_kv_heads, h, pages[k]);
     p.summaries[entry * 2 * p.head_dim + p.head_dim] = __float2bfloat16(1.0f);
   }
 }
@@ -115,7 +115,7 @@ __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScoreParams p) {
   __shared__ float q[G][D];
-  __shared__ float warp_max[kWarps][G], warp_sum[kWarps][G];
+  __shared__ float warp_max[kWarps][G], warp_total[kWarps][G];
   const int item = blockIdx.y;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
   const int first = p.first_candidate[seq] + static_cast<int>(blockIdx.x) * kThreads;
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScore
   for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
   if (page < end) {
     const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
-    const uint4* row = reinterpret_cast<const uint4*>(p.summaries + summary_entry(dir, p.num_kv_heads, h, page) * 2 * D);
+    const uint4* row = reinterpret_cast<const uint4*>(p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D);
 #pragma unroll
     for (int g = 0; g < G; ++g) dot[g] = 0.0f;
 #pragma unroll
@@ -159,7 +159,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScore
     for (int offset = 16; offset > 0; offset >>= 1) e += __shfl_xor_sync(kFull, e, offset);
     if (lane == 0) {
       warp_max[warp][g] = m;
-      warp_sum[warp][g] = e;
+      warp_total[warp][g] = e;
     }
   }
   __syncthreads();
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScore
     float m = -INFINITY, sum = 0.0f;
     for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
     for (int w = 0; w < kWarps; ++w)
-      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_sum[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
+      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
     float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
                      ((static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G + threadIdx.x) * 2;
     partial[0] = m;
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_probs_kernel(ShadowKvScoreP
   __syncthreads();
   if (page >= end) return;
   const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
-  const __nv_bfloat16* entry = p.summaries + summary_entry(dir, p.num_kv_heads, h, page) * 2 * D;
+  const __nv_bfloat16* entry = p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D;
   const float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page - first);
   float best = 0.0f;
 #pragma unroll
@@ -267,13 +267,13 @@ __global__ void shadowkv_store_kernel(ShadowKvStoreParams p) {
   const int64_t group_elems = p.num_kv_heads * page_elems;
   const int ppg = shadowkv_pages_per_factor_group(p.num_kv_heads, D, r);
   const int64_t a_elems = static_cast<int64_t>(p.num_pages) * p.page_size * r;
-  const int64_t b_elems = p.basis ? static_cast<int64_t>(p.num_kv_heads) * D * r : 0;
+  const int64_t b_elems = static_cast<int64_t>(p.num_kv_heads) * D * r;
   for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < a_elems + b_elems;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (idx < a_elems) {
       const int64_t t = idx / r;
       const int j = static_cast<int>(idx % r);
-      const int64_t page = p.first_page + t / p.page_size;
+      const int64_t page = t / p.page_size;
       const int64_t group = p.factor_groups[page / ppg];
       p.kv_pool[group * group_elems + ((page % ppg) * p.page_size + t % p.page_size) * r + j] =
           __float2bfloat16(p.coeffs[idx]);
@@ -448,15 +448,13 @@ cudaError_t shadowkv_unrotate_keys(const ShadowKvUnrotateParams& p, cudaStream_t
 }
 
 cudaError_t shadowkv_store_factors(const ShadowKvStoreParams& p, cudaStream_t stream) {
-  if (p.num_pages < 0 || p.first_page < 0 || p.num_kv_heads < 1 || !valid_shape(p.head_dim, p.page_size) ||
-      p.rank < 1 || p.rank > p.page_size * p.head_dim || p.rank > 2 * p.num_kv_heads * p.head_dim ||
-      (p.basis && p.ld_basis < p.num_kv_heads * p.head_dim))
+  if (p.num_pages < 0 || p.num_kv_heads < 1 || !valid_shape(p.head_dim, p.page_size) || p.rank < 1 ||
+      p.rank > p.page_size * p.head_dim || p.rank > 2 * p.num_kv_heads * p.head_dim ||
+      p.ld_basis < p.num_kv_heads * p.head_dim)
     return cudaErrorInvalidValue;
-  if (!p.kv_pool || (p.num_pages > 0 && (!p.factor_groups || !p.coeffs)) || (p.basis && !p.basis_groups))
+  if (!p.kv_pool || (p.num_pages > 0 && (!p.factor_groups || !p.coeffs)) || !p.basis || !p.basis_groups)
     return cudaErrorInvalidValue;
-  const int64_t elems = static_cast<int64_t>(p.num_pages) * p.page_size * p.rank +
-                        (p.basis ? static_cast<int64_t>(p.num_kv_heads) * p.head_dim * p.rank : 0);
-  if (elems == 0) return cudaSuccess;
+  const int64_t elems = (static_cast<int64_t>(p.num_pages) * p.page_size + int64_t{p.num_kv_heads} * p.head_dim) * p.rank;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + kThreads - 1) / kThreads, 4096));
   shadowkv_store_kernel<<<blocks, kThreads, 0, stream>>>(p);
   return cudaGetLastError();

@@ -127,15 +127,14 @@ struct ShadowKvUnrotateParams {
 };
 cudaError_t shadowkv_unrotate_keys(const ShadowKvUnrotateParams& p, cudaStream_t stream);
 
-// Stores a factorisation in its groups (layout above), rounded to bf16: A's rows for tokens
-// first_page * page_size + t, t < num_pages * page_size, from coeffs (fp32 row-major [t][rank]),
-// and, when basis is set, B from basis (fp32 column-major [num_kv_heads * head_dim][ld_basis]:
-// B's row i is basis[i + j * ld_basis], j < rank).
+// Stores one layer's factorisation of a prompt in its groups (layout above), rounded to bf16: A's
+// rows for tokens t < num_pages * page_size from coeffs (fp32 row-major [t][rank]), and B from
+// basis (fp32 column-major [num_kv_heads * head_dim][ld_basis]: B's row i is basis[i + j *
+// ld_basis], j < rank).
 struct ShadowKvStoreParams {
   __nv_bfloat16* kv_pool = nullptr;  // the layer's slice
   const int32_t* factor_groups = nullptr;  // A's groups, from logical page 0
   const int32_t* basis_groups = nullptr;
-  int first_page = 0;
   int num_pages = 0;
   int num_kv_heads = 0;
   int head_dim = 128;

@@ -208,8 +208,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScorePa
         if (j < tile_end) {
           const int32_t page = first + j;
           const int64_t chunk = __ldg(dir + page / kSummaryChunkPages);
-          const int64_t entry = (chunk * p.num_kv_heads + kv_head) * kSummaryChunkPages +
-                                page % kSummaryChunkPages;
+          const int64_t entry = summary_entry(chunk, p.num_kv_heads, kv_head, page);
           const uint4* row = rows + entry * (2 * kLanes);
           lo[u] = __ldg(row);
           hi[u] = __ldg(row + kLanes);

@@ -23,6 +23,11 @@ namespace spin::cuda {
 
 inline constexpr int kSummaryChunkPages = 64;
 
+// The entry of logical page `page` of KV head `head` whose summary chunk is `chunk` (above).
+__host__ __device__ constexpr int64_t summary_entry(int64_t chunk, int num_kv_heads, int head, int64_t page) {
+  return (chunk * num_kv_heads + head) * kSummaryChunkPages + page % kSummaryChunkPages;
+}
+
 // Quest Index: for i < num_pages with src_pages[i] >= 0, writes the min/max summary of page
 // src_pages[i] of kv_pool to entry dst_entries[i] of summaries. Entries with src_pages[i] < 0 are
 // skipped (a decode step passes one entry per (row, KV head), -1 where no page completed).
