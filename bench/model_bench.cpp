@@ -11,11 +11,11 @@
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
-//   --sparse-algorithm quest, seer or shadowkv: sparse decode over the two-tier store (a pinned host tier sized for
+//   --sparse-algorithm quest, seer, shadowkv or retroinfer: sparse decode over the two-tier store (a pinned host tier sized for
 //   the largest batch x context). The device pages get random values, each sequence's uncomputed
 //   context is indexed by its own first decode step, then the batch decodes; the table gives the
 //   time of that first step (the Index of the whole context: ShadowKV's factorisation is most of
-//   it), the cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
+//   it; RetroInfer's k-means too), the cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
 //   step's bound: its HBM bytes at the device copy rate plus its retrieved bytes at the bulk
 //   host-to-device rate, both measured in the same process. Random
 //   keys and random tokens make selections churn more than a real model's would: this is a
@@ -632,9 +632,9 @@ int main(int argc, char** argv) {
   app.add_option("--gpu-memory-utilization", a.gpu_memory_utilization, "cuda: memory share for weights + KV pool")
       ->capture_default_str();
   app.add_option("--sparse-algorithm", a.sparse_algorithm,
-                 "cuda: dense | quest | seer | shadowkv (sparse decode over a host tier) | dense-offload (every "
+                 "cuda: dense | quest | seer | shadowkv | retroinfer (sparse decode over a host tier) | dense-offload (every "
                  "page, read from it)")
-      ->check(CLI::IsMember({"dense", "quest", "seer", "shadowkv", "dense-offload"}))
+      ->check(CLI::IsMember({"dense", "quest", "seer", "shadowkv", "retroinfer", "dense-offload"}))
       ->capture_default_str();
   app.add_option("--block-size", a.block_size, "cuda: tokens per KV page, a multiple of 8 in 8..64")
       ->capture_default_str();

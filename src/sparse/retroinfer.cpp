@@ -3,20 +3,24 @@
 //    per `retroinfer_segment_tokens`, 8K) and clustered by k-means with inner-product assignment,
 //    10 iterations, one cluster per `retroinfer_cluster_tokens` (16) tokens; initial centroids are
 //    evenly spaced tokens of the segment (deterministic). Kept per cluster: centroid (the mean
-//    key, centring undone), value sum, size, token list. Pages filled during decode wait
-//    unclustered (always attended, reported as outliers) until `retroinfer_recluster_tokens`
-//    (1024) of them form a new segment.
+//    key, centring undone), value sum, size, token list; per token its cluster. Clusters are
+//    numbered by segment, then by k-means index (empty ones dropped). Pages filled during decode
+//    wait unclustered (always attended, reported as outliers); when a page completes and at least
+//    `retroinfer_recluster_tokens` (1024) tokens of complete pages wait before it, those form a
+//    new segment (the page that just completed waits for the next one: its keys of every layer
+//    exist only once the step has run, which is when the CUDA store clusters).
 //  - Clusters on the page substrate: a cluster is a list of token positions; retrieving it means
-//    retrieving the pages that hold those tokens. Select ranks clusters by softmax(q·centroid·s)
-//    summed over the GQA group; the exact zone takes clusters in rank order whose candidate
-//    pages still fit the page budget (a cluster that does not fit is passed over; every token of
-//    a retrieved page is attended exactly); the estimation zone is the best
-//    `retroinfer_estimate_fraction` (23.2%) of the clusters left out.
+//    retrieving the pages that hold those tokens. Select scores clusters by softmax(q·centroid·s)
+//    summed over the GQA group, and a page by the attention its tokens are estimated to take: each
+//    token its cluster's score over the cluster's size. The exact zone is the budget's pages of
+//    highest score (ties: the lower page); every token of a retrieved page is attended exactly.
+//    The estimation zone is the `retroinfer_estimate_fraction` (23.2%) of the clusters, the best
+//    of those with a token that no attended page holds (ties: the lower cluster).
 //  - Attention (own): exact softmax over the attended pages (4 sinks → the first page, 64 recent
 //    tokens, selected pages) plus, for each estimation cluster, its tokens that no attended page
 //    holds, as one term: weight |c'|·exp(q·centroid·s), value sum Σ_{t∈c'} v_t (cluster value sum
-//    minus the values of its attended tokens, read from the fetched pages). A cluster fully
-//    covered by attended pages contributes nothing, so a budget covering the context is exact.
+//    minus the values of its attended tokens, read from the fetched pages). A budget covering the
+//    context leaves no cluster to estimate, so it is exact.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -58,6 +62,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
   }
 
   void index(const IndexInput& in) override {
+    const uint32_t segment_pages = std::max(1u, segment_tokens_ / page_size_);
     for (uint32_t g = 0; g < num_kv_heads_; ++g) {
       Stream& s = stream(in.layer, g);
       SPIN_CHECK(s.pages == in.first_page, "retroinfer: page {} of layer {} indexed out of order",
@@ -69,20 +74,20 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
         s.values.insert(s.values.end(), v, v + size_t{page_size_} * head_dim_);
       }
       s.pages = in.end_page;
+      // The prompt is clustered whole; decode pages once enough wait before the new ones.
       const bool prefill = in.first_page == 0;
-      const uint32_t pending = (s.pages - s.clustered_pages) * page_size_;
-      if (prefill || pending >= recluster_tokens_) {
-        const uint32_t segment_pages = std::max(1u, segment_tokens_ / page_size_);
-        while (s.clustered_pages < s.pages) {
-          const uint32_t end = std::min(s.pages, s.clustered_pages + segment_pages);
-          cluster_segment(s, s.clustered_pages, end);
-          s.clustered_pages = end;
+      const uint32_t end = prefill ? s.pages : in.first_page;
+      if (prefill || (end - s.clustered_pages) * page_size_ >= recluster_tokens_) {
+        while (s.clustered_pages < end) {
+          const uint32_t segment_end = std::min(end, s.clustered_pages + segment_pages);
+          cluster_segment(s, s.clustered_pages, segment_end);
+          s.clustered_pages = segment_end;
         }
-      }
-      if (s.pages == s.clustered_pages) {  // every key and value is in a cluster summary now
-        s.keys.clear();
-        s.values.clear();
-        s.buffered_from = s.pages;
+        // Clustered pages live on in their cluster summaries only.
+        const size_t drop = size_t{s.clustered_pages - s.buffered_from} * page_size_ * head_dim_;
+        s.keys.erase(s.keys.begin(), s.keys.begin() + static_cast<std::ptrdiff_t>(drop));
+        s.values.erase(s.values.begin(), s.values.begin() + static_cast<std::ptrdiff_t>(drop));
+        s.buffered_from = s.clustered_pages;
       }
     }
   }
@@ -92,51 +97,59 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
     selected_layer_ = query.layer;
     unbudgeted_.assign(query.num_kv_heads, 0);
     estimated_.assign(query.num_kv_heads, {});
-    std::vector<uint32_t> chosen;
+    std::vector<uint32_t> chosen, order;
+    std::vector<float> page_score;
+    std::vector<uint8_t> missing;
     for (uint32_t g = 0; g < query.num_kv_heads; ++g) {
       const Stream& s = stream(query.layer, g);
       SPIN_CHECK(end <= s.pages, "retroinfer: page {} of layer {} selected before it was indexed",
                  end - 1, query.layer);
       const auto n_clusters = static_cast<uint32_t>(s.sizes.size());
-      const std::vector<uint32_t> ranked = rank_clusters(query, g);
+      const std::vector<float> total = cluster_totals(query, g);
       page_mark_.assign(s.pages, 0);
       chosen.clear();
       // Unclustered decode pages: always attended, outside the budget.
-      for (uint32_t p = std::max(first, s.clustered_pages); p < end; ++p) {
-        page_mark_[p] = 1;
-        chosen.push_back(p);
-      }
+      const uint32_t clustered_end = std::clamp(s.clustered_pages, first, end);
+      for (uint32_t p = clustered_end; p < end; ++p) chosen.push_back(p);
       unbudgeted_[g] = static_cast<uint32_t>(chosen.size());
-      // Exact zone: clusters in rank order whose pages still fit the budget (a cluster that
-      // does not fit is passed over, a smaller one after it may fit).
-      uint32_t budget_used = 0;
-      std::vector<uint32_t> fresh, rest;
-      for (uint32_t i = 0; i < n_clusters; ++i) {
-        fresh.clear();
-        for (uint32_t t : s.tokens[ranked[i]]) {
-          const uint32_t p = t / page_size_;
-          if (p >= first && p < end && !page_mark_[p]) fresh.push_back(p);
+      // Exact zone: the clustered candidates of most estimated attention.
+      const uint32_t n = clustered_end - first;
+      page_score.assign(n, 0.0f);
+      for (uint32_t i = 0; i < n; ++i) {
+        float mass = 0.0f;
+        for (uint32_t t = (first + i) * page_size_; t < (first + i + 1) * page_size_; ++t) {
+          const uint32_t c = s.cluster_of[t];
+          mass += total[c] / static_cast<float>(s.sizes[c]);
         }
-        std::sort(fresh.begin(), fresh.end());
-        fresh.erase(std::unique(fresh.begin(), fresh.end()), fresh.end());
-        if (budget_used + fresh.size() > query.budget_pages) {
-          rest.push_back(ranked[i]);
-          continue;
-        }
-        for (uint32_t p : fresh) page_mark_[p] = 1;
-        chosen.insert(chosen.end(), fresh.begin(), fresh.end());
-        budget_used += static_cast<uint32_t>(fresh.size());
+        page_score[i] = mass;
       }
-      // Estimation zone: the best clusters left out; their tokens on no attended page are
-      // estimated.
-      const auto n_estimate = static_cast<uint32_t>(std::ceil(estimate_fraction_ * n_clusters));
-      for (uint32_t i = 0; i < std::min<size_t>(rest.size(), n_estimate); ++i) {
-        uint32_t missing = 0;
-        for (uint32_t t : s.tokens[rest[i]]) missing += !attended(t / page_size_, first, end);
-        if (missing == 0) continue;
-        estimated_[g].push_back(rest[i]);
-        budget.estimated_tokens += missing;
+      const uint32_t keep = std::min(n, query.budget_pages);
+      order.resize(n);
+      std::iota(order.begin(), order.end(), 0u);
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](uint32_t a, uint32_t b) {
+        return page_score[a] > page_score[b] || (page_score[a] == page_score[b] && a < b);
+      });
+      for (uint32_t i = 0; i < keep; ++i) chosen.push_back(first + order[i]);
+      for (uint32_t p : chosen) page_mark_[p] = 1;
+      // Estimation zone: the best clusters with a token on a clustered candidate left out.
+      missing.assign(n_clusters, 0);
+      for (uint32_t p = first; p < clustered_end; ++p) {
+        if (page_mark_[p]) continue;
+        for (uint32_t t = p * page_size_; t < (p + 1) * page_size_; ++t) missing[s.cluster_of[t]] = 1;
       }
+      std::vector<uint32_t>& zone = estimated_[g];
+      for (uint32_t c = 0; c < n_clusters; ++c) {
+        if (missing[c]) zone.push_back(c);
+      }
+      const auto n_estimate = std::min<size_t>(
+          zone.size(), static_cast<size_t>(std::ceil(estimate_fraction_ * n_clusters)));
+      std::partial_sort(zone.begin(), zone.begin() + static_cast<std::ptrdiff_t>(n_estimate), zone.end(),
+                        [&](uint32_t a, uint32_t b) { return total[a] > total[b] || (total[a] == total[b] && a < b); });
+      zone.resize(n_estimate);
+      for (uint32_t c : zone) {
+        for (uint32_t t : s.tokens[c]) budget.estimated_tokens += !attended(t / page_size_, first, end);
+      }
+      std::sort(chosen.begin(), chosen.end());
       out.add_head(chosen);
     }
   }
@@ -230,6 +243,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
       bytes += (s.centroids.size() + s.value_sums.size()) * sizeof(float);
       bytes += s.sizes.size() * sizeof(uint32_t);
       for (const auto& t : s.tokens) bytes += t.size() * sizeof(uint32_t);
+      bytes += s.cluster_of.size() * sizeof(uint32_t);
     }
     return bytes;
   }
@@ -246,6 +260,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
     std::vector<float> value_sums;    // [cluster][hd]
     std::vector<uint32_t> sizes;
     std::vector<std::vector<uint32_t>> tokens;  // ascending positions per cluster
+    std::vector<uint32_t> cluster_of;           // per token of the clustered pages
   };
 
   Stream& stream(uint32_t layer, uint32_t g) { return streams_[size_t{layer} * num_kv_heads_ + g]; }
@@ -294,18 +309,21 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
           c[size_t{j} * hd + d] = static_cast<float>(sums[size_t{j} * hd + d] / counts[j]);
       }
     }
-    // Summaries of the non-empty clusters after the last assignment.
+    // Summaries of the non-empty clusters after the last assignment, numbered in k-means order.
     const uint32_t first_token = first_page * page_size_;
     std::vector<uint32_t> id(k, kNone);
+    for (uint32_t j = 0; j < k; ++j) {
+      if (counts[j] == 0) continue;
+      id[j] = static_cast<uint32_t>(s.sizes.size());
+      s.sizes.push_back(0);
+      s.tokens.emplace_back();
+      s.centroids.resize(s.centroids.size() + hd, 0.0f);
+      s.value_sums.resize(s.value_sums.size() + hd, 0.0f);
+    }
+    s.cluster_of.resize(size_t{end_page} * page_size_);
     for (uint32_t t = 0; t < n; ++t) {
-      uint32_t& cid = id[assign[t]];
-      if (cid == kNone) {
-        cid = static_cast<uint32_t>(s.sizes.size());
-        s.sizes.push_back(0);
-        s.tokens.emplace_back();
-        s.centroids.resize(s.centroids.size() + hd, 0.0f);
-        s.value_sums.resize(s.value_sums.size() + hd, 0.0f);
-      }
+      const uint32_t cid = id[assign[t]];
+      s.cluster_of[first_token + t] = cid;
       ++s.sizes[cid];
       s.tokens[cid].push_back(first_token + t);
       float* centroid = s.centroids.data() + size_t{cid} * hd;
@@ -322,8 +340,8 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
     }
   }
 
-  // Clusters by softmax(q·centroid·scale) summed over the GQA group, best first (ties: lower id).
-  std::vector<uint32_t> rank_clusters(const SelectQuery& query, uint32_t g) const {
+  // Per cluster: softmax(q·centroid·scale) over the clusters, summed over the GQA group.
+  std::vector<float> cluster_totals(const SelectQuery& query, uint32_t g) const {
     const Stream& s = stream(query.layer, g);
     const auto n = static_cast<uint32_t>(s.sizes.size());
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
@@ -339,11 +357,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
       cpu::softmax(probs.data(), n);
       for (uint32_t c = 0; c < n; ++c) total[c] += probs[c];
     }
-    std::vector<uint32_t> order(n);
-    std::iota(order.begin(), order.end(), 0u);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](uint32_t a, uint32_t b) { return total[a] > total[b]; });
-    return order;
+    return total;
   }
 
   uint32_t head_dim_;

@@ -1,10 +1,11 @@
 // RetroInfer: exact at full budget; at a small budget the decode output equals a brute-force
-// reimplementation (k-means, cluster ranking, exact zone on pages, estimation zone) in double.
+// reimplementation (k-means, cluster scores, exact zone of best pages, estimation zone) in double.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "sparse_exactness.h"
@@ -64,13 +65,13 @@ struct Reference {
             for (uint32_t d = 0; d < hd; ++d) c[j * hd + d] = sum[d] / count;
         }
       }
-      // Non-empty clusters, numbered by first token; centroid = mean raw key.
+      // Non-empty clusters, in k-means order; centroid = mean raw key.
       std::vector<std::vector<uint32_t>> members;
       std::vector<int> id(kc, -1);
-      for (uint32_t t = 0; t < n; ++t) {
-        if (id[assign[t]] < 0) id[assign[t]] = static_cast<int>(members.size()), members.emplace_back();
-        members[id[assign[t]]].push_back(t);
+      for (uint32_t j = 0; j < kc; ++j) {
+        if (std::count(assign.begin(), assign.end(), j) > 0) id[j] = static_cast<int>(members.size()), members.emplace_back();
       }
+      for (uint32_t t = 0; t < n; ++t) members[id[assign[t]]].push_back(t);
       const auto m = static_cast<uint32_t>(members.size());
       std::vector<std::vector<double>> centroid(m, std::vector<double>(hd, 0.0));
       for (uint32_t j = 0; j < m; ++j)
@@ -89,22 +90,30 @@ struct Reference {
         }
         for (uint32_t j = 0; j < m; ++j) score[j] += std::exp(logit[j]) / z;
       }
-      std::vector<uint32_t> rank(m);
-      std::iota(rank.begin(), rank.end(), 0u);
-      std::stable_sort(rank.begin(), rank.end(), [&](uint32_t a, uint32_t b) { return score[a] > score[b]; });
-      std::set<uint32_t>& pages = selected[g];
-      std::vector<uint32_t> left_out;
-      for (uint32_t i = 0; i < m; ++i) {
-        std::set<uint32_t> fresh;
-        for (uint32_t t : members[rank[i]])
-          if (t / ps >= first && t / ps < end && !pages.count(t / ps)) fresh.insert(t / ps);
-        if (pages.size() + fresh.size() > budget_pages) {
-          left_out.push_back(rank[i]);
-          continue;
-        }
-        pages.insert(fresh.begin(), fresh.end());
+      // Exact zone: the budget's candidate pages of most estimated attention (a token: its
+      // cluster's score over its size).
+      std::vector<int> cluster_of(n);
+      for (uint32_t j = 0; j < m; ++j)
+        for (uint32_t t : members[j]) cluster_of[t] = static_cast<int>(j);
+      std::vector<std::pair<double, uint32_t>> by_page;  // (-score, page)
+      for (uint32_t p = first; p < end; ++p) {
+        double mass = 0.0;
+        for (uint32_t t = p * ps; t < (p + 1) * ps; ++t) mass += score[cluster_of[t]] / members[cluster_of[t]].size();
+        by_page.emplace_back(-mass, p);
       }
+      std::sort(by_page.begin(), by_page.end());
+      std::set<uint32_t>& pages = selected[g];
+      for (uint32_t i = 0; i < std::min<size_t>(budget_pages, by_page.size()); ++i) pages.insert(by_page[i].second);
       auto attended = [&](uint32_t t) { return t / ps < first || t / ps >= end || pages.count(t / ps); };
+      // Estimation zone: the best ceil(fraction * m) clusters that have a token left out.
+      std::vector<std::pair<double, uint32_t>> left;  // (-score, cluster)
+      for (uint32_t j = 0; j < m; ++j) {
+        if (std::any_of(members[j].begin(), members[j].end(), [&](uint32_t t) { return !attended(t); }))
+          left.emplace_back(-score[j], j);
+      }
+      std::sort(left.begin(), left.end());
+      std::vector<uint32_t> left_out;
+      for (const auto& [neg, j] : left) left_out.push_back(j);
       const auto n_est = static_cast<uint32_t>(std::ceil(fraction * m));
       for (uint32_t h = g * group; h < (g + 1) * group; ++h) {
         std::vector<std::pair<double, std::vector<double>>> terms;  // (weight, weighted value)
@@ -196,6 +205,37 @@ TEST(SparseRetroInfer, SmallBudgetMatchesBruteForce) {
                .v = v.data() + size_t{prompt} * n_kv * hd},
               got2.data());
   EXPECT_GT(spin_test::rel_error(got2.data(), want_f.data(), got2.size()), 1e-3);
+}
+
+TEST(SparseRetroInfer, WaitingDecodePagesAreClusteredAtTheNextPageAfterASegmentOfThem) {
+  // 16-token pages, one sink page and a one-page window, re-clustering every 2 pages. The prompt's 5
+  // pages are clustered at once; decode pages 5 and 6 wait, and only when page 7 completes (token
+  // 127) do they make a segment and get clustered, page 7 waiting in turn (its keys of every layer
+  // exist only after the step, when the CUDA store clusters); pages 7 and 8 at token 159. A waiting
+  // page that is a candidate (before the window page pos / 16 - 1) is attended outside the
+  // budget: page 5 from token 112, page 7 from token 144.
+  const AttentionShape shape{1, 4, 2, 16, 0.25f};
+  const uint32_t hd = 16, n_kv = 2, ps = 16;
+  SparseSettings s{.algorithm = "retroinfer", .budget_tokens = 32, .sink_tokens = 16, .window_tokens = 16,
+                   .retroinfer_recluster_tokens = 32};
+  spin_test::PagedStore store(shape, 512, ps);
+  auto a = store.attention(shape, s);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto fill = [&](std::vector<float>& x) {
+    for (float& v : x) v = normal(rng);
+  };
+  const uint32_t prompt = 80;
+  std::vector<float> q(4 * prompt * hd), k(prompt * n_kv * hd), v(k.size()), out(q.size());
+  fill(q), fill(k), fill(v);
+  a->forward(0, 0, prompt, {.q = q.data(), .k = k.data(), .v = v.data()}, out.data());
+  std::vector<float> q1(4 * hd), k1(n_kv * hd), v1(k1.size()), out1(q1.size());
+  for (uint32_t pos = prompt; pos < 170; ++pos) {
+    fill(q1), fill(k1), fill(v1);
+    a->forward(0, pos, 1, {.q = q1.data(), .k = k1.data(), .v = v1.data()}, out1.data());
+    const uint64_t waiting = (pos >= 112 && pos < 127) || (pos >= 144 && pos < 159) ? 1 : 0;
+    EXPECT_EQ(a->last_step().outlier_tokens, waiting * ps * n_kv) << "token " << pos;
+  }
 }
 
 }  // namespace

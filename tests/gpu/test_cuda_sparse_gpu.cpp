@@ -1,10 +1,10 @@
-// Quest, Seer and ShadowKV on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill
+// Quest, Seer, ShadowKV and RetroInfer on the GPU through the Engine (engine/cuda/cuda_paged_attention.*): dense prefill
 // with the KV written through to the host tier, then per decode step and sparse layer the Index,
 // Select and Retrieve kernels and attention over sinks + selected + window pages.
 //
 // References: the same model and store running `dense`. With a budget that covers the whole context,
 // Quest or Seer selects every candidate page (ShadowKV too, and at full rank its rebuilt keys are
-// the stored ones up to rounding), so its outputs must equal dense's up to bf16 noise (the same
+// the stored ones up to rounding; RetroInfer too, and leaves no cluster to estimate), so its outputs must equal dense's up to bf16 noise (the same
 // tolerance as batching: log-probabilities within 0.15) — and every selected page reached the
 // device through the host tier and the cache, so the write-through, the retrieve's gather and the
 // page lists are all checked. With a small budget the outputs must not depend on the batch (each
@@ -62,6 +62,7 @@ AttentionSettings sparse(const char* algorithm, int64_t budget, double fraction)
 AttentionSettings quest(int64_t budget, double fraction = 0.0) { return sparse("quest", budget, fraction); }
 AttentionSettings seer(int64_t budget, double fraction = 0.0) { return sparse("seer", budget, fraction); }
 AttentionSettings shadowkv(int64_t budget, double fraction = 0.0) { return sparse("shadowkv", budget, fraction); }
+AttentionSettings retroinfer(int64_t budget, double fraction = 0.0) { return sparse("retroinfer", budget, fraction); }
 
 AttentionSettings dense_offload() {
   AttentionSettings s;
@@ -254,6 +255,64 @@ TEST_F(CudaSparseTest, ShadowKvAtFullRankSelectingEveryPageEqualsDense) {
   EXPECT_LT(usage.retrieve_bytes, usage.misses * static_cast<uint64_t>(usage.page_bytes));
 }
 
+TEST_F(CudaSparseTest, RetroInferSelectingEveryPageEqualsDense) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 43);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
+  KvStoreUsage usage;
+  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, retroinfer(0, 1.0), usage));
+  EXPECT_GT(usage.misses, 0u);
+  EXPECT_GT(usage.hits, usage.misses);
+}
+
+TEST_F(CudaSparseTest, RetroInferReclusteringDecodePagesKeepsDenseTokensAtFullBudget) {
+  // 1100 decode tokens: the pages they fill are clustered as a new segment once 1024 tokens of
+  // them wait (read from the host tier); with the whole context as budget every page is still
+  // attended, so the tokens stay dense's through and after it.
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 44);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {200, 120});
+  const std::vector<int64_t> max_tokens{1100, 1090};
+  constexpr int64_t kLong = 2048;
+  const auto run = [&](const AttentionSettings& attention, KvStoreUsage* usage) {
+    CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 4 * kLong), 8, kLong);
+    kv.host_pages = pages_for(c, kPage, 4 * kLong);
+    kv.rope = make_rope_table(c.rope, c.head_dim);
+    auto factory = std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+    const AttentionFactory* store = factory.get();
+    EngineConfig config;
+    config.max_num_seqs = 8;
+    config.max_num_batched_tokens = 48;
+    config.max_model_len = kLong;
+    Engine engine(model, nullptr, config, std::move(factory));
+    std::vector<EngineRun> out;
+    add_greedy_requests(engine, prompts, max_tokens, {attention, attention}, out);
+    while (engine.has_work()) engine.step();
+    if (usage) *usage = store->usage().value_or(KvStoreUsage{});
+    return out;
+  };
+  const auto dense = run(AttentionSettings{}, nullptr);
+  KvStoreUsage usage;
+  const auto runs = run(retroinfer(0, 1.0), &usage);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
+    EXPECT_EQ(runs[i].tokens, dense[i].tokens) << "request " << i;
+    EXPECT_LE(max_logprob_difference(runs[i], dense[i]), 0.15) << "request " << i;
+  }
+  EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
+  EXPECT_EQ(usage.host_pages_used, 0);
+}
+
+TEST_F(CudaSparseTest, RetroInferSmallBudgetIsBatchInvariantAndUsesTheCache) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 45);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), retroinfer(48)));
+}
+
 TEST_F(CudaSparseTest, ShadowKvSmallBudgetIsBatchInvariantAndUsesTheCache) {
   const ModelConfig c = four_layer_config();
   const ModelWeights w = wide_margin_weights(c, 42);
@@ -283,9 +342,10 @@ TEST_F(CudaSparseTest, QuestSeerAndDenseRequestsInOneBatchGetTheirTokensAlone) {
   const ModelConfig c = four_layer_config();
   const ModelWeights w = wide_margin_weights(c, 39);
   CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {300, 260, 180, 410, 330, 290});
-  expect_batch_invariant(model, c, prompts, {48, 40, 44, 56, 36, 50},
-                         {seer(64), quest(48), AttentionSettings{}, seer(0, 0.25), dense_offload(), shadowkv(48)});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 260, 180, 410, 330, 290, 350});
+  expect_batch_invariant(model, c, prompts, {48, 40, 44, 56, 36, 50, 42},
+                         {seer(64), quest(48), AttentionSettings{}, seer(0, 0.25), dense_offload(), shadowkv(48),
+                          retroinfer(48)});
 }
 
 TEST_F(CudaSparseTest, DenseRequestsBesideQuestOnesGetTheirDenseTokens) {
@@ -439,7 +499,8 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   EXPECT_NO_THROW(factory->validate(quest(64)));
   EXPECT_NO_THROW(factory->validate(dense_offload()));
   EXPECT_NO_THROW(factory->validate(seer(64)));
-  EXPECT_EQ(factory->algorithms(), (std::vector<std::string>{"dense", "dense-offload", "quest", "seer", "shadowkv"}));
+  EXPECT_EQ(factory->algorithms(),
+            (std::vector<std::string>{"dense", "dense-offload", "quest", "seer", "shadowkv", "retroinfer"}));
   for (AttentionSettings other_dense_layers : {quest(64), seer(64)}) {
     other_dense_layers.first_dense_layers = 0;
     EXPECT_THROW(factory->validate(other_dense_layers), Error);
@@ -459,9 +520,10 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   too_wide.page_size = kPage;
   too_wide.shadowkv_rank = static_cast<uint32_t>(c.n_kv_heads * c.head_dim + 1);
   EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), too_wide).validate(shadowkv(64)), Error);
-  AttentionSettings retro;
-  retro.algorithm = "retroinfer";
-  EXPECT_THROW(factory->validate(retro), Error);
+  EXPECT_NO_THROW(factory->validate(retroinfer(64)));
+  AttentionSettings unknown;
+  unknown.algorithm = "no-such-algorithm";
+  EXPECT_THROW(factory->validate(unknown), Error);
   EXPECT_THROW(factory->create(quest(0, 1.5), 256), Error);
 }
 

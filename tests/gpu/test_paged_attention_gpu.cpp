@@ -3,7 +3,9 @@
 // 64/128, page sizes 8..64, forced split-K. Outputs are poisoned (NaN) before each run and pool
 // slots past the last token hold NaN, so an unwritten output or a read past the list fails.
 // Tolerance: relative Frobenius error <= 1e-2 (bf16 K/V/Q inputs; probabilities enter P*V as
-// bf16, as in flash attention; bf16 output rounding adds 2^-9).
+// bf16, as in flash attention; bf16 output rounding adds 2^-9). The optional log-sum-exp output
+// (check_lse) is compared per row with an absolute tolerance of 1e-3 (it sees no bf16 rounding:
+// fp32 scores and fp32 sums of exponentials, so only fp32 summation error remains).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -75,8 +77,9 @@ class GpuPagedAttention : public GpuTest {
     for (uint16_t& v : q) v = f32_to_bf16(s.q_scale * normal(rng));
     const float scale = 1.0f / std::sqrt(static_cast<float>(d));
 
-    // float64 reference from the same bf16 values.
+    // float64 reference from the same bf16 values; ref_lse: ln(sum_t exp(score_t)) per query row.
     std::vector<double> ref(q.size(), 0.0);
+    std::vector<double> ref_lse(q.size() / d, -INFINITY);
     for (int i = 0; i < items; ++i) {
       const int seq = i / s.num_kv_heads, kvh = i % s.num_kv_heads;
       const int n = s.tokens[i];
@@ -93,6 +96,7 @@ class GpuPagedAttention : public GpuTest {
         }
         double sum = 0.0;
         for (int t = 0; t < n; ++t) sum += (score[t] = std::exp(score[t] - mx));
+        if (n > 0) ref_lse[row / d] = mx + std::log(sum);
         for (int t = 0; t < n; ++t) {
           const size_t vbase = key_offset(ids, offsets[i], t, ps, d) + static_cast<size_t>(ps) * d;
           for (int j = 0; j < d; ++j) ref[row + j] += score[t] / sum * bf16_to_f32(pool[vbase + j]);
@@ -103,7 +107,8 @@ class GpuPagedAttention : public GpuTest {
     DeviceBuffer<uint16_t> d_pool(pool.size()), d_q(q.size());
     DeviceBuffer<int32_t> d_ids(ids.size()), d_offsets(offsets.size()), d_tokens(items);
     DeviceBuffer<OutT> d_out(q.size());
-    ASSERT_TRUE(d_pool.ptr && d_q.ptr && d_ids.ptr && d_offsets.ptr && d_tokens.ptr && d_out.ptr);
+    DeviceBuffer<float> d_lse(ref_lse.size());
+    ASSERT_TRUE(d_pool.ptr && d_q.ptr && d_ids.ptr && d_offsets.ptr && d_tokens.ptr && d_out.ptr && d_lse.ptr);
     CUDA_OK(cudaMemcpy(d_pool.ptr, pool.data(), pool.size() * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_q.ptr, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(d_ids.ptr, ids.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
@@ -123,6 +128,8 @@ class GpuPagedAttention : public GpuTest {
     p.max_tokens = max_tokens;
     p.scale = scale;
     p.tokens_per_split = s.tokens_per_split;
+    if (check_lse) p.lse = d_lse.ptr;
+    last_splits = cuda::paged_decode_splits(p);
     const size_t ws_bytes = cuda::paged_decode_workspace_bytes(p);
     DeviceBuffer<char> ws(ws_bytes);
     ASSERT_TRUE(ws.ptr);
@@ -149,11 +156,25 @@ class GpuPagedAttention : public GpuTest {
       p.page_ids = d_ids.ptr;
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));  // NaN in fp32 and bf16
       if (ws_bytes > 0) CUDA_OK(cudaMemset(ws.ptr, 0xff, ws_bytes));
+      if (check_lse) CUDA_OK(cudaMemset(d_lse.ptr, 0xff, ref_lse.size() * sizeof(float)));  // NaN
       CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
 
       std::vector<OutT> out(q.size());
       CUDA_OK(cudaMemcpy(out.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+      if (check_lse) {
+        std::vector<float> lse(ref_lse.size());
+        CUDA_OK(cudaMemcpy(lse.data(), d_lse.ptr, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        for (size_t r = 0; r < lse.size(); ++r) {
+          if (std::isinf(ref_lse[r])) {  // an item with 0 tokens
+            EXPECT_TRUE(std::isinf(lse[r]) && lse[r] < 0.0f)
+                << "load path " << path << " row " << r << ": lse " << lse[r] << ", want -inf";
+          } else {
+            EXPECT_NEAR(lse[r], ref_lse[r], 1e-3)  // NaN (unwritten) fails too
+                << "load path " << path << " row " << r << " splits " << last_splits;
+          }
+        }
+      }
       if (host_pages) {
         p.page_ids = d_host_ids.ptr;
         CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));
@@ -190,6 +211,8 @@ class GpuPagedAttention : public GpuTest {
   }
 
   bool host_pages = false;
+  bool check_lse = false;  // also request and check PagedDecodeParams::lse
+  int last_splits = 0;     // splits the last run() used
 
   std::vector<int> random_lengths(int items, int max_len) {
     std::uniform_int_distribution<int> len(1, max_len);
@@ -243,6 +266,32 @@ TEST_F(GpuPagedAttention, PeakySoftmaxAndLongLists) {
   run<float>(peaky, 1e-2);
   Shape longest{1, 1, 5, 128, 64, {20000}, 0, 1.0f};
   run<__nv_bfloat16>(longest, 1e-2);
+}
+
+TEST_F(GpuPagedAttention, LogSumExpMatchesReference) {
+  // lse is written by the main kernel's epilogue with one split and by the merge kernel with
+  // several; both paths see an item with 0 tokens (-inf) among lists of odd lengths.
+  check_lse = true;
+  for (int d : {64, 128}) {
+    // One split: tokens_per_split covers the longest list.
+    Shape one{2, 3, 5, d, 16, {1, 17, 0, 300, 1001, 64}, 1024, 1.0f};
+    run<__nv_bfloat16>(one, 1e-2);
+    EXPECT_EQ(last_splits, 1);
+    one.q_scale = 4.0f;  // peaky: the max dominates the sum
+    run<float>(one, 1e-2);
+    EXPECT_EQ(last_splits, 1);
+    // Several splits of 64 tokens; the 0-token item and short lists use fewer than the grid has.
+    Shape many{2, 4, 8, d, 32, {3000, 0, 129, 64, 65, 2500, 1, 777}, 64, 1.0f};
+    run<__nv_bfloat16>(many, 1e-2);
+    EXPECT_EQ(last_splits, 47);
+    many.q_scale = 4.0f;
+    run<float>(many, 1e-2);
+    EXPECT_EQ(last_splits, 47);
+  }
+  // Automatic split choice.
+  Shape autos{1, 2, 4, 128, 16, {0, 5000}, 0, 1.0f};
+  run<__nv_bfloat16>(autos, 1e-2);
+  EXPECT_GT(last_splits, 1);
 }
 
 TEST_F(GpuPagedAttention, RejectsUnsupportedShapes) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <span>
@@ -17,6 +18,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/seer_gate.h"
+#include "kernels/cuda/retroinfer.h"
 #include "kernels/cuda/shadowkv.h"
 #include "kernels/cuda/sparse_select.h"
 #include "kv/page_pool.h"
@@ -46,20 +48,22 @@ constexpr int kProfileEvents = 6;
 // Blocks (so SMs) a swap's page copies may use; swaps happen between steps, so the GPU is idle.
 constexpr int kSwapCopyBlocks = 64;
 // The algorithms that keep a request's KV in the host tier, by their registry names: Quest,
-// Seer's training-free gate and ShadowKV (Index and Select as sparse/quest.cpp, sparse/seer.cpp
-// and sparse/shadowkv.cpp), and dense-offload (every page attended, those outside sinks and
+// Seer's training-free gate, ShadowKV and RetroInfer (Index and Select as sparse/quest.cpp,
+// sparse/seer.cpp, sparse/shadowkv.cpp and sparse/retroinfer.cpp), and dense-offload (every page attended, those outside sinks and
 // window read from the host tier at each step). Quest's published defaults set the pool's layout
 // (its first dense layers).
-enum class HostTierAlgorithm : uint8_t { quest, seer, shadowkv, dense_offload };
+enum class HostTierAlgorithm : uint8_t { quest, seer, shadowkv, retroinfer, dense_offload };
 constexpr const char* kQuest = "quest";
 constexpr const char* kSeer = "seer";
 constexpr const char* kShadowKv = "shadowkv";
+constexpr const char* kRetroInfer = "retroinfer";
 constexpr const char* kDenseOffload = "dense-offload";
 
 std::optional<HostTierAlgorithm> host_tier_algorithm(const std::string& name) {
   if (name == kQuest) return HostTierAlgorithm::quest;
   if (name == kSeer) return HostTierAlgorithm::seer;
   if (name == kShadowKv) return HostTierAlgorithm::shadowkv;
+  if (name == kRetroInfer) return HostTierAlgorithm::retroinfer;
   if (name == kDenseOffload) return HostTierAlgorithm::dense_offload;
   return std::nullopt;
 }
@@ -131,9 +135,12 @@ struct SparseKv {
   // ShadowKV, from the first decode step on: the groups of its factors (the basis's, then A's; see
   // kernels/cuda/shadowkv.h), the prompt pages they cover (whose keys are rebuilt, not fetched),
   // and its outlier chunks per (layer, KV head), selected beyond the budget.
+  // RetroInfer: `factors` are the groups of its cluster records (kernels/cuda/retroinfer.h), which
+  // cover its first clustered_pages logical pages; the later ones are selected beyond the budget.
   std::vector<uint32_t> factors;
   int64_t factored_pages = 0;
   int64_t unbudgeted = 0;
+  int64_t clustered_pages = 0;
   bool decoding = false;         // the prefill ended: only sinks, window and cache stay on the device
   uint32_t now = 0;              // decode steps so far (the cache's LRU stamps)
   // Preempted by swap: no device group at all; resident_pages are the logical pages that had one
@@ -144,8 +151,11 @@ struct SparseKv {
 
 namespace {
 
-// Summary chunks a sequence needs for `pages` logical pages (dense-offload keeps no summaries).
-int64_t summary_chunks(const SparseKv& sp, int64_t pages) { return sp.offload() ? 0 : summary_chunks_for(pages); }
+// Summary chunks a sequence needs for `pages` logical pages (dense-offload keeps no summaries,
+// RetroInfer keeps cluster records instead).
+int64_t summary_chunks(const SparseKv& sp, int64_t pages) {
+  return sp.offload() || sp.algorithm == HostTierAlgorithm::retroinfer ? 0 : summary_chunks_for(pages);
+}
 
 }  // namespace
 
@@ -171,6 +181,17 @@ class CudaKvStore final : public DeviceAttention {
   int64_t dense_layers() const { return dense_layers_; }
   int64_t shadowkv_outliers() const { return shadowkv_outliers_; }
   int64_t shadowkv_factor_groups(int64_t pages) const { return factor_groups_for(pages); }
+  // RetroInfer's cluster records of `pages` logical pages, in groups.
+  int64_t record_groups_for(int64_t pages) const { return (pages + retroinfer_records_ - 1) / retroinfer_records_; }
+  int64_t retroinfer_segment_pages() const {
+    return std::max<int64_t>(1, sparse::SparseSettings{}.retroinfer_segment_tokens / page_size_);
+  }
+  // Whether the token at `pos` completes a page with a segment's worth of complete pages waiting
+  // unclustered before it (sparse/retroinfer.cpp clusters those then).
+  bool recluster_due(const SparseKv& sp, int64_t pos) const {
+    return (pos + 1) % page_size_ == 0 &&
+           (pos / page_size_ - sp.clustered_pages) * page_size_ >= sparse::SparseSettings{}.retroinfer_recluster_tokens;
+  }
   // Resolves a quest request's settings (spin::Error naming what the GPU store cannot run).
   sparse::ResolvedSettings resolve_sparse(const AttentionSettings& settings) const;
   // Cache slots per (layer, KV head): the largest selection of a sequence of max_tokens tokens,
@@ -216,6 +237,8 @@ class CudaKvStore final : public DeviceAttention {
     bool quest_decode = false;  // some decode row runs Quest's Index and scores
     bool seer_decode = false;   // some decode row runs Seer's
     bool shadowkv_decode = false;  // some decode row runs ShadowKV's (and rebuilds keys)
+    bool retroinfer_decode = false;  // some decode row runs RetroInfer's (and its estimation)
+    int32_t max_clusters = 0;        // RetroInfer's cluster slots of the context bucket
     int32_t max_candidates = 0;
     // ShadowKV: the most pages an item's key rebuild may take, the step's largest selection
     // rounded up to a power of two (>= 16), which keys the step's graph.
@@ -241,6 +264,13 @@ class CudaKvStore final : public DeviceAttention {
     const int32_t* quest_end = nullptr;  // end_candidate for Quest rows, first_candidate for others
     const int32_t* seer_end = nullptr;   // the same for Seer rows
     const int32_t* shadowkv_end = nullptr;  // the same for ShadowKV rows
+    const int32_t* retroinfer_end = nullptr;  // the same for RetroInfer rows
+    // RetroInfer, per decode row: clustered pages and their cluster slots (0 for other rows), and
+    // zeros (the first slot of its estimation zone's select); per item where that select writes.
+    const int32_t* clustered_pages = nullptr;
+    const int32_t* cluster_slots = nullptr;
+    const int32_t* zeros = nullptr;
+    const int32_t* zone_offsets = nullptr;
     const int32_t* rebuild_end = nullptr;   // per decode row: ShadowKV's factored pages, else 0
     const int32_t* factor_offsets = nullptr;
     const int32_t* factor_dir = nullptr;
@@ -278,6 +308,17 @@ class CudaKvStore final : public DeviceAttention {
   struct IndexList {
     std::vector<int32_t> src, dst, page;
   };
+  // RetroInfer's k-means jobs of a step (kernels/cuda/retroinfer.h), one per (segment, KV head):
+  // the pages of each (device ids, or ~host ids), its first logical page and KV head, and the
+  // decode row whose summary groups it writes.
+  struct ClusterJobs {
+    std::vector<int32_t> page_ids, page_offsets{0}, first_page, head;
+    std::vector<int64_t> row;
+  };
+  // Adds jobs for logical pages [first, end) of decode row `row`, in segments of segment_pages,
+  // reading page p of KV head h from id(p, h).
+  void add_cluster_jobs(ClusterJobs& jobs, int64_t row, int64_t first, int64_t end, int64_t segment_pages,
+                        const std::function<int32_t(int64_t, int64_t)>& id) const;
   // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
   // to factorise: page_id of each, [page][KV head], from `first` in its IndexList's src (which
   // Index reads too).
@@ -291,6 +332,8 @@ class CudaKvStore final : public DeviceAttention {
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
   // Seer's Index over layer `layer`'s slice, without its page lists.
   cuda::SeerIndexParams seer_index_params(int64_t layer) const;
+  // Where RetroInfer's cluster records of layer `layer` are (without their directory).
+  cuda::RetroInferRecords retroinfer_records(int64_t layer) const;
   // Copies pages src[i] to dst[i] (ids within each layer's slice) in layers [first, end), between
   // the device pool and the host tier in the direction `to_host`, and waits for the copies.
   void copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
@@ -320,7 +363,7 @@ class CudaKvStore final : public DeviceAttention {
   // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
   // cache slots (and ShadowKV's factor groups), and adds every complete page to `to_index`.
   void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, IndexList& to_index,
-                   cudaStream_t stream);
+                   ClusterJobs& jobs, int64_t row, cudaStream_t stream);
   // ShadowKV's factor groups for a prompt of `pages` complete pages: the basis's, then A's.
   int64_t factor_groups_for(int64_t pages) const {
     return shadowkv_basis_groups_ + (pages + shadowkv_factor_pages_ - 1) / shadowkv_factor_pages_;
@@ -362,7 +405,22 @@ class CudaKvStore final : public DeviceAttention {
   int64_t shadowkv_factor_pages_ = 1;
   std::string shadowkv_refusal_;
   std::unique_ptr<ShadowKvFactorizer> factorizer_;
-  DeviceBuffer<float> logits_;              // ShadowKV's per-head logits (score scratch)
+  // RetroInfer's defaults, with the pool's first dense layers; its records' layout
+  // (kernels/cuda/retroinfer.h); empty refusal: available.
+  sparse::AlgorithmTraits retroinfer_traits_;
+  int64_t retroinfer_slots_ = 1;
+  int64_t retroinfer_records_ = 1;
+  std::string retroinfer_refusal_;
+  DeviceBuffer<char> cluster_scratch_;      // RetroInfer's k-means
+  DeviceBuffer<float> totals_;              // RetroInfer's cluster scores
+  DeviceBuffer<uint8_t> zone_flags_;        // RetroInfer's estimation zone: candidates, scores,
+  DeviceBuffer<float> zone_scores_;         // counts and clusters
+  DeviceBuffer<int32_t> zone_counts_;
+  DeviceBuffer<int32_t> zone_tallies_;
+  DeviceBuffer<int32_t> zone_;
+  DeviceBuffer<float> lse_;                 // the decode attention's log-sum-exp per query head
+  DeviceBuffer<float> estimate_partials_;   // RetroInfer's estimation, per (item, split)
+  DeviceBuffer<float> logits_;              // ShadowKV's and RetroInfer's per-head logits (score scratch)
   DeviceBuffer<int32_t> outlier_pages_;     // the transitions' outlier chunks (select scratch)
   DeviceBuffer<unsigned long long> value_only_;  // per decode row: misses that fetched values only
   DeviceBuffer<float> inv_freq_;     // the model's RoPE, for Seer and ShadowKV
@@ -581,6 +639,17 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
       shadowkv_factor_pages_ = cuda::shadowkv_pages_per_factor_group(
           static_cast<int>(shape.n_kv_heads), static_cast<int>(shape.head_dim), static_cast<int>(shadowkv_rank_));
     }
+    retroinfer_traits_ = algorithm_traits(kRetroInfer, shape, page_size_);
+    retroinfer_traits_.first_dense_layers = static_cast<uint32_t>(dense_layers_);
+    retroinfer_slots_ = cuda::retroinfer_slots_per_page(static_cast<int>(page_size_),
+                                                         static_cast<int>(sparse::SparseSettings{}.retroinfer_cluster_tokens));
+    retroinfer_records_ = cuda::retroinfer_records_per_page(static_cast<int>(page_size_), static_cast<int>(shape.head_dim),
+                                                            static_cast<int>(retroinfer_slots_));
+    if (retroinfer_records_ < 1) {
+      retroinfer_records_ = 1;
+      retroinfer_refusal_ = fmt::format("retroinfer's cluster records do not fit a {}-token page on the CUDA backend",
+                                        page_size_);
+    }
     const int64_t width = shape.n_kv_heads * shape.head_dim;
     int shared_per_block = 0;
     cuda_check(cudaDeviceGetAttribute(&shared_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
@@ -661,15 +730,31 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
   const HostTierAlgorithm algorithm = *host_tier_algorithm(settings.algorithm);
   SPIN_CHECK(algorithm != HostTierAlgorithm::seer || seer_block_pages_ > 0, "{}", seer_refusal_);
   SPIN_CHECK(algorithm != HostTierAlgorithm::shadowkv || factorizer_ != nullptr, "{}", shadowkv_refusal_);
+  sparse::SparseSettings s = to_sparse_settings(settings);
+  if (algorithm == HostTierAlgorithm::retroinfer) {
+    // One record layout and one estimation kernel per store: the published cluster size, segment,
+    // re-clustering and estimation share.
+    const sparse::SparseSettings published;
+    SPIN_CHECK(retroinfer_refusal_.empty(), "{}", retroinfer_refusal_);
+    SPIN_CHECK(s.retroinfer_cluster_tokens == published.retroinfer_cluster_tokens &&
+                   s.retroinfer_segment_tokens == published.retroinfer_segment_tokens &&
+                   s.retroinfer_recluster_tokens == published.retroinfer_recluster_tokens &&
+                   s.retroinfer_estimate_fraction == published.retroinfer_estimate_fraction,
+               "retroinfer on the CUDA backend runs with its published settings ({}-token clusters, {}-token "
+               "segments, re-clustering every {} tokens, {} of the clusters estimated); the others run with --device cpu",
+               published.retroinfer_cluster_tokens, published.retroinfer_segment_tokens,
+               published.retroinfer_recluster_tokens, published.retroinfer_estimate_fraction);
+    static_assert(sparse::SparseSettings{}.retroinfer_segment_tokens <= cuda::kRetroInferMaxSegmentTokens);
+  }
   kv::KvConfig store;
   store.layout = store_layout(shape_, page_size_);
   // dense-offload keeps Quest's sinks, window and first dense layers (the pool's layout); its
   // budget is unused.
-  sparse::SparseSettings s = to_sparse_settings(settings);
   if (algorithm == HostTierAlgorithm::dense_offload) s.algorithm = kQuest;
-  const sparse::AlgorithmTraits& traits = algorithm == HostTierAlgorithm::seer       ? seer_traits_
-                                          : algorithm == HostTierAlgorithm::shadowkv ? shadowkv_traits_
-                                                                                     : quest_traits_;
+  const sparse::AlgorithmTraits& traits = algorithm == HostTierAlgorithm::seer         ? seer_traits_
+                                          : algorithm == HostTierAlgorithm::shadowkv   ? shadowkv_traits_
+                                          : algorithm == HostTierAlgorithm::retroinfer ? retroinfer_traits_
+                                                                                       : quest_traits_;
   sparse::ResolvedSettings r = sparse::resolve_settings(s, traits, shape_, store);
   r.algorithm = settings.algorithm;
   SPIN_CHECK(r.first_dense_layers == static_cast<uint32_t>(dense_layers_),
@@ -681,7 +766,9 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
 int64_t CudaKvStore::selection_slots(const sparse::ResolvedSettings& r, int64_t max_tokens) const {
   if (r.algorithm == kDenseOffload) return 0;
   const int64_t largest = r.budget_pages(static_cast<uint32_t>(std::min<int64_t>(max_tokens, UINT32_MAX))) +
-                          (r.algorithm == kShadowKv ? shadowkv_outliers_ : 0);
+                          (r.algorithm == kShadowKv     ? shadowkv_outliers_
+                           : r.algorithm == kRetroInfer ? int64_t{retroinfer_traits_.max_unbudgeted_pages}
+                                                        : 0);
   SPIN_CHECK(largest <= cuda::kMaxSelectedPages && largest <= max_cache_slots_,
              "a {}-page selection exceeds what the GPU selects per KV head ({} pages)", largest,
              std::min<int64_t>(cuda::kMaxSelectedPages, max_cache_slots_));
@@ -823,8 +910,10 @@ KvStoreUsage CudaKvStore::usage() const {
 
 bool CudaKvStore::can_swap(const CudaSequenceKv& kv) const {
   const SparseKv* sp = kv.sparse();
-  // ShadowKV's factors live only on the device: it is preempted by recomputation.
-  return sp != nullptr && sp->decoding && !sp->swapped && sp->algorithm != HostTierAlgorithm::shadowkv;
+  // ShadowKV's factors and RetroInfer's cluster records live only on the device: they are
+  // preempted by recomputation.
+  return sp != nullptr && sp->decoding && !sp->swapped && sp->algorithm != HostTierAlgorithm::shadowkv &&
+         sp->algorithm != HostTierAlgorithm::retroinfer;
 }
 
 void CudaKvStore::copy_tier_pages(int64_t first_layer, int64_t end_layer, const std::vector<int32_t>& device_ids,
@@ -977,13 +1066,43 @@ cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
   return p;
 }
 
+void CudaKvStore::add_cluster_jobs(ClusterJobs& jobs, int64_t row, int64_t first, int64_t end, int64_t segment_pages,
+                                   const std::function<int32_t(int64_t, int64_t)>& id) const {
+  for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
+    for (int64_t f = first; f < end; f += segment_pages) {
+      for (int64_t p = f; p < std::min(end, f + segment_pages); ++p) jobs.page_ids.push_back(id(p, h));
+      jobs.page_offsets.push_back(static_cast<int32_t>(jobs.page_ids.size()));
+      jobs.first_page.push_back(static_cast<int32_t>(f));
+      jobs.head.push_back(static_cast<int32_t>(h));
+      jobs.row.push_back(row);
+    }
+  }
+}
+
+cuda::RetroInferRecords CudaKvStore::retroinfer_records(int64_t layer) const {
+  cuda::RetroInferRecords r;
+  r.kv_pool = pool_.get() + layer_offset(layer);
+  r.num_kv_heads = static_cast<int>(shape_.n_kv_heads);
+  r.head_dim = static_cast<int>(shape_.head_dim);
+  r.page_size = static_cast<int>(page_size_);
+  r.slots = static_cast<int>(retroinfer_slots_);
+  r.records_per_page = static_cast<int>(retroinfer_records_);
+  return r;
+}
+
 void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
-                              IndexList& to_index, cudaStream_t stream) {
+                              IndexList& to_index, ClusterJobs& jobs, int64_t row, cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
   if (sp.algorithm == HostTierAlgorithm::shadowkv) sp.factored_pages = pos / page_size_;
-  for (int64_t p = 0; p < (sp.offload() ? 0 : pos / page_size_); ++p) {
+  const bool retroinfer = sp.algorithm == HostTierAlgorithm::retroinfer;
+  if (retroinfer) {  // the prompt's complete pages, read from the device before they are freed
+    sp.clustered_pages = pos / page_size_;
+    add_cluster_jobs(jobs, row, 0, sp.clustered_pages, retroinfer_segment_pages(),
+                     [&](int64_t p, int64_t h) { return page_id(groups[static_cast<size_t>(p)], h); });
+  }
+  for (int64_t p = 0; p < (sp.offload() || retroinfer ? 0 : pos / page_size_); ++p) {
     for (int64_t h = 0; h < heads; ++h) {
       to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
       to_index.dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
@@ -1003,6 +1122,10 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     // the step's forward.
     while (sp.algorithm == HostTierAlgorithm::shadowkv &&
            static_cast<int64_t>(sp.factors.size()) < factor_groups_for(sp.factored_pages)) {
+      sp.factors.push_back(groups_.alloc());
+    }
+    // So may RetroInfer's records: its k-means reads the prompt into scratch first.
+    while (retroinfer && static_cast<int64_t>(sp.factors.size()) < record_groups_for(sp.clustered_pages)) {
       sp.factors.push_back(groups_.alloc());
     }
   }
@@ -1144,10 +1267,23 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                "attention step: chunk {} of a sparse sequence past its prefill must be its next single token", i);
     const bool new_page = chunk.pos0 % ps == 0;
     const bool shadowkv = sp->algorithm == HostTierAlgorithm::shadowkv;
+    const bool retroinfer = sp->algorithm == HostTierAlgorithm::retroinfer;
+    const int64_t current = chunk.pos0 / ps;
     if (shadowkv && !sp->decoding) {
       // The outliers come from the first decode step's candidates (sparse/shadowkv.cpp).
-      const auto current = static_cast<uint32_t>(chunk.pos0 / ps);
-      sp->unbudgeted = std::min<int64_t>(shadowkv_outliers_, sp->settings.decode_window(current).candidates());
+      sp->unbudgeted = std::min<int64_t>(shadowkv_outliers_,
+                                         sp->settings.decode_window(static_cast<uint32_t>(current)).candidates());
+    }
+    // RetroInfer's pages clustered once this step's Index ran: the prompt's at the first decode
+    // step, later the waiting ones when they make a segment. The candidates past them are selected
+    // beyond the budget.
+    const int64_t clustered = !retroinfer       ? 0
+                              : !sp->decoding   ? current
+                              : recluster_due(*sp, chunk.pos0) ? current
+                                                               : sp->clustered_pages;
+    if (retroinfer) {
+      const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(current));
+      sp->unbudgeted = int64_t{w.window_start} - std::clamp<int64_t>(clustered, w.sink_end, w.window_start);
     }
     plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0, sp->unbudgeted);
     const sparse::DecodeWindow& w = plans[i].window;
@@ -1155,9 +1291,14 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
       // Another sequence's allocation may come before this one's pages are freed.
-      const int64_t taken = sp->cache_target() + (shadowkv ? factor_groups_for(chunk.pos0 / ps) : 0);
+      const int64_t taken = sp->cache_target() + (shadowkv     ? factor_groups_for(current)
+                                                   : retroinfer ? record_groups_for(current)
+                                                                : 0);
       need_main += std::max<int64_t>(0, taken - (held - kept)) + (new_page ? 1 : 0);
-    } else if (new_page) {
+    } else if (retroinfer) {
+      need_main += record_groups_for(clustered) - static_cast<int64_t>(sp->factors.size());
+    }
+    if (sp->decoding && new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =
           leaving >= int64_t{w.sink_end} && leaving < held && kv->groups()[static_cast<size_t>(leaving)] != kNoGroup;
@@ -1184,6 +1325,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
   IndexList quest_transitions, seer_transitions, shadowkv_transitions;
   std::vector<Factorisation> factorisations;
+  ClusterJobs cluster_jobs;
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -1209,10 +1351,18 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       IndexList& to_index = sp->algorithm == HostTierAlgorithm::seer       ? seer_transitions
                             : sp->algorithm == HostTierAlgorithm::shadowkv ? shadowkv_transitions
                                                                            : quest_transitions;
-      end_prefill(kv, pos, w, to_index, stream);
+      end_prefill(kv, pos, w, to_index, cluster_jobs, static_cast<int64_t>(i), stream);
       if (sp->algorithm == HostTierAlgorithm::shadowkv) {
         factorisations.push_back({static_cast<int64_t>(i), sp->factored_pages, first_id});
       }
+    } else if (sp->algorithm == HostTierAlgorithm::retroinfer && recluster_due(*sp, pos)) {
+      // The waiting complete pages, read from the host tier (most have left the device).
+      const int64_t current = pos / ps;
+      add_cluster_jobs(cluster_jobs, static_cast<int64_t>(i), sp->clustered_pages, current, retroinfer_segment_pages(),
+                       [&](int64_t p, int64_t h) { return ~page_id(sp->host[static_cast<size_t>(p)], h); });
+      sp->clustered_pages = current;
+      std::lock_guard lock(mutex_);
+      while (static_cast<int64_t>(sp->factors.size()) < record_groups_for(current)) sp->factors.push_back(groups_.alloc());
     }
     ++sp->now;
     if (pos % ps != 0) continue;
@@ -1265,6 +1415,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_first = take(decode_rows), at_end = take(decode_rows), at_quest_end = take(decode_rows),
                 at_seer_end = take(decode_rows), at_current_page = take(decode_rows), at_dir_offsets = take(decode_rows),
                 at_host_offsets = take(decode_rows), at_cache_offsets = take(decode_rows + 1), at_now = take(decode_rows);
+  const int64_t at_retroinfer_end = take(decode_rows), at_clustered = take(decode_rows),
+                at_cluster_slots = take(decode_rows), at_zeros = take(decode_rows), at_zone_offsets = take(items);
   const int64_t at_shadowkv_end = take(decode_rows), at_rebuild_end = take(decode_rows),
                 at_factor_offsets = take(decode_rows), at_outlier_first = take(decode_rows),
                 at_outlier_end = take(decode_rows);
@@ -1320,6 +1472,10 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_shadowkv_transition_src = take(shadowkv_transitions_n),
                 at_shadowkv_transition_dst = take(shadowkv_transitions_n),
                 at_shadowkv_transition_score = take(shadowkv_transitions_n);
+  const auto n_jobs = static_cast<int64_t>(cluster_jobs.first_page.size());
+  const int64_t at_job_pages = take(static_cast<int64_t>(cluster_jobs.page_ids.size())),
+                at_job_page_offsets = take(n_jobs + 1), at_job_first = take(n_jobs), at_job_head = take(n_jobs),
+                at_job_dir = take(n_jobs);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
@@ -1341,6 +1497,27 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         moved |= logits_.reserve(static_cast<size_t>(cuda::shadowkv_score_scratch(items, static_cast<int>(group_size_),
                                                                                   static_cast<int>(max_pages))),
                                  "ShadowKV logits");
+      }
+      const bool retroinfer_rows = std::any_of(seqs.begin(), seqs.begin() + n_single, [](const CudaSequenceKv* kv) {
+        return kv->sparse() != nullptr && kv->sparse()->algorithm == HostTierAlgorithm::retroinfer;
+      });
+      if (retroinfer_rows) {
+        const int64_t clusters = items * max_pages * retroinfer_slots_;
+        moved |= logits_.reserve(static_cast<size_t>(cuda::retroinfer_score_scratch(
+                                     items, static_cast<int>(group_size_), static_cast<int>(max_pages * retroinfer_slots_))),
+                                 "RetroInfer logits");
+        moved |= totals_.reserve(static_cast<size_t>(clusters), "RetroInfer cluster scores");
+        moved |= zone_flags_.reserve(static_cast<size_t>(clusters), "RetroInfer zone flags");
+        moved |= zone_scores_.reserve(static_cast<size_t>(clusters), "RetroInfer zone scores");
+        moved |= zone_.reserve(static_cast<size_t>(clusters), "RetroInfer zone");
+        moved |= zone_counts_.reserve(static_cast<size_t>(items), "RetroInfer zone counts");
+        moved |= zone_tallies_.reserve(static_cast<size_t>(items * 2), "RetroInfer zone tallies");
+        moved |= lse_.reserve(static_cast<size_t>(items * group_size_), "decode log-sum-exp");
+        moved |= estimate_partials_.reserve(
+            static_cast<size_t>(cuda::retroinfer_estimate_scratch(
+                items, static_cast<int>(group_size_), static_cast<int>(shape_.head_dim),
+                cuda::retroinfer_estimate_splits(static_cast<int>(max_pages * retroinfer_slots_)))),
+            "RetroInfer estimation partials");
       }
       moved |= counters_.reserve(static_cast<size_t>(decode_rows * 3), "KV cache counters");
       moved |= value_only_.reserve(static_cast<size_t>(decode_rows), "KV cache counters");
@@ -1379,7 +1556,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_slot_of + row] = 0;
     }
   }
-  bool quest_decode = false, seer_decode = false, shadowkv_decode = false;
+  bool quest_decode = false, seer_decode = false, shadowkv_decode = false, retroinfer_decode = false;
+  const int64_t max_clusters = max_pages * retroinfer_slots_;
   int32_t max_selected = 0;
   {
     int64_t decode_at = 0, low_decode_at = 0, prefill_at = 0, token_at = 0, needed_at = 0, dir_at = 0, host_at = 0,
@@ -1395,6 +1573,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_index_dst + item] = t[at_index_page + item] = 0;
       t[at_outlier_counts + item] = 0;
       t[at_outlier_offsets + item] = static_cast<int32_t>(item * shadowkv_outliers_);
+      t[at_zone_offsets + item] = static_cast<int32_t>(item * max_clusters);
     };
     for (int64_t i = 0; i < n_chunks; ++i) {
       const SequenceChunk& chunk = chunks[static_cast<size_t>(i)];
@@ -1453,7 +1632,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
           t[at_counts + item] = static_cast<int32_t>(k);
           max_selected = std::max(max_selected, static_cast<int32_t>(k));
           needed_at += k;
-          if (!sp->offload() && (chunk.pos0 + 1) % ps == 0) {  // this token completes page cur: index it
+          // This token completes page cur: index it (RetroInfer clusters in begin_step instead).
+          if (!sp->offload() && sp->algorithm != HostTierAlgorithm::retroinfer && (chunk.pos0 + 1) % ps == 0) {
             const int64_t at_src = sp->algorithm == HostTierAlgorithm::seer       ? at_seer_index_src
                                    : sp->algorithm == HostTierAlgorithm::shadowkv ? at_shadowkv_index_src
                                                                                   : at_index_src;
@@ -1476,6 +1656,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       t[at_quest_end + i] = scored_by(HostTierAlgorithm::quest);
       t[at_seer_end + i] = scored_by(HostTierAlgorithm::seer);
       t[at_shadowkv_end + i] = scored_by(HostTierAlgorithm::shadowkv);
+      t[at_retroinfer_end + i] = scored_by(HostTierAlgorithm::retroinfer);
+      const int64_t clustered = sp != nullptr && sp->algorithm == HostTierAlgorithm::retroinfer ? sp->clustered_pages : 0;
+      t[at_clustered + i] = static_cast<int32_t>(clustered);
+      t[at_cluster_slots + i] = static_cast<int32_t>(clustered * retroinfer_slots_);
+      t[at_zeros + i] = 0;
       t[at_current_page + i] = static_cast<int32_t>(cur);
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
@@ -1487,6 +1672,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         quest_decode |= sp->algorithm == HostTierAlgorithm::quest;
         seer_decode |= sp->algorithm == HostTierAlgorithm::seer;
         shadowkv_decode |= sp->algorithm == HostTierAlgorithm::shadowkv;
+        retroinfer_decode |= sp->algorithm == HostTierAlgorithm::retroinfer;
         for (uint32_t c : sp->chunks) t[at_summary_dir + dir_at++] = static_cast<int32_t>(c);
         for (uint32_t g : sp->host) t[at_host_groups + host_at++] = static_cast<int32_t>(g);
         for (uint32_t g : sp->cache) t[at_cache_groups + cache_at++] = static_cast<int32_t>(g);
@@ -1505,6 +1691,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       }
       t[at_first + i] = t[at_end + i] = t[at_quest_end + i] = t[at_seer_end + i] = t[at_current_page + i] = 0;
       t[at_shadowkv_end + i] = t[at_rebuild_end + i] = t[at_outlier_first + i] = t[at_outlier_end + i] = 0;
+      t[at_retroinfer_end + i] = t[at_clustered + i] = t[at_cluster_slots + i] = t[at_zeros + i] = 0;
       t[at_dir_offsets + i] = static_cast<int32_t>(dir_at);
       t[at_host_offsets + i] = static_cast<int32_t>(host_at);
       t[at_factor_offsets + i] = static_cast<int32_t>(factor_at);
@@ -1538,6 +1725,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     f.factor_at = t[at_factor_offsets + f.row];
   }
 
+  std::copy(cluster_jobs.page_ids.begin(), cluster_jobs.page_ids.end(), t + at_job_pages);
+  std::copy(cluster_jobs.page_offsets.begin(), cluster_jobs.page_offsets.end(), t + at_job_page_offsets);
+  std::copy(cluster_jobs.first_page.begin(), cluster_jobs.first_page.end(), t + at_job_first);
+  std::copy(cluster_jobs.head.begin(), cluster_jobs.head.end(), t + at_job_head);
+  for (int64_t j = 0; j < n_jobs; ++j) t[at_job_dir + j] = t[at_factor_offsets + cluster_jobs.row[static_cast<size_t>(j)]];
+
   int32_t rebuild_bound = 0;
   if (shadowkv_decode) {
     rebuild_bound = 16;
@@ -1545,7 +1738,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   }
 
   profile_counts_.clear();
-  if (profiling_ && (quest_decode || seer_decode || shadowkv_decode)) {
+  if (profiling_ && (quest_decode || seer_decode || shadowkv_decode || retroinfer_decode)) {
     profile_counts_.assign(t + at_counts, t + at_counts + items);
     profile_offsets_.assign(t + at_needed_offsets, t + at_needed_offsets + items);
     profile_entries_ = needed_entries;
@@ -1579,10 +1772,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .max_new_tokens = max_new_tokens,
                .context_bucket = bucket,
                .sparse_rows = sparse_rows,
-               .sparse_decode = quest_decode || seer_decode || shadowkv_decode,
+               .sparse_decode = quest_decode || seer_decode || shadowkv_decode || retroinfer_decode,
                .quest_decode = quest_decode,
                .seer_decode = seer_decode,
                .shadowkv_decode = shadowkv_decode,
+               .retroinfer_decode = retroinfer_decode,
+               .max_clusters = static_cast<int32_t>(max_clusters),
                .max_candidates = static_cast<int32_t>(max_pages),
                .rebuild_bound = rebuild_bound,
                .page_of = d + at_page_of,
@@ -1605,6 +1800,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .quest_end = d + at_quest_end,
                .seer_end = d + at_seer_end,
                .shadowkv_end = d + at_shadowkv_end,
+               .retroinfer_end = d + at_retroinfer_end,
+               .clustered_pages = d + at_clustered,
+               .cluster_slots = d + at_cluster_slots,
+               .zeros = d + at_zeros,
+               .zone_offsets = d + at_zone_offsets,
                .rebuild_end = d + at_rebuild_end,
                .factor_offsets = d + at_factor_offsets,
                .factor_dir = d + at_factor_dir,
@@ -1664,13 +1864,36 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     shadowkv_factorise(factorisations, d + at_shadowkv_transition_src, stream);
   }
+  if (n_jobs > 0) {
+    const auto total_pages = static_cast<int64_t>(cluster_jobs.page_ids.size());
+    cluster_scratch_.reserve(cuda::retroinfer_cluster_scratch_bytes(total_pages, n_jobs, static_cast<int>(ps),
+                                                                    static_cast<int>(shape_.head_dim),
+                                                                    static_cast<int>(retroinfer_slots_)),
+                             "RetroInfer k-means scratch");
+    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+      cuda::RetroInferClusterParams c;
+      c.records = retroinfer_records(l);
+      c.host_pool = host_device_ + host_layer_offset(l);
+      c.page_ids = d + at_job_pages;
+      c.page_offsets = d + at_job_page_offsets;
+      c.first_page = d + at_job_first;
+      c.head = d + at_job_head;
+      c.dir = d + at_factor_dir;
+      c.dir_offsets = d + at_job_dir;
+      c.num_jobs = static_cast<int>(n_jobs);
+      c.total_pages = static_cast<int>(total_pages);
+      c.cluster_tokens = static_cast<int>(sparse::SparseSettings{}.retroinfer_cluster_tokens);
+      c.scratch = cluster_scratch_.get();
+      cuda_check(cuda::retroinfer_cluster(c, stream), "RetroInfer k-means");
+    }
+  }
   // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run, and by
-  // the key rebuild's grid (its bound's log2 above the pipeline bits).
+  // the key rebuild's grid (its bound's log2 above ShadowKV's bit, RetroInfer's above it).
   uint32_t rebuild_bits = 0;
   for (int32_t b = rebuild_bound; b > 1; b /= 2) ++rebuild_bits;
   return DeviceStepLayout{decode_rows > 0 ? bucket : 0, epoch_,
                           (sparse_rows ? 1u : 0u) | (quest_decode ? 2u : 0u) | (seer_decode ? 4u : 0u) |
-                              (shadowkv_decode ? 8u : 0u) | (rebuild_bits << 4)};
+                              (shadowkv_decode ? 8u : 0u) | (rebuild_bits << 4) | (retroinfer_decode ? 1u << 12 : 0u)};
 }
 
 void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
@@ -1787,6 +2010,33 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         score.scores = scores_.get();
         cuda_check(cuda::shadowkv_score_pages(score, stream), "ShadowKV scores");
       }
+      cuda::RetroInferSelectParams retro;
+      if (step_.retroinfer_decode) {
+        retro.records = retroinfer_records(layer);
+        retro.q = decode_q_.get();
+        retro.dir = step_.factor_dir;
+        retro.dir_offsets = step_.factor_offsets;
+        retro.clustered_pages = step_.clustered_pages;
+        retro.first_candidate = step_.first_candidate;
+        retro.end_candidate = step_.retroinfer_end;
+        retro.num_seqs = decode_rows;
+        retro.group = static_cast<int>(group_size_);
+        retro.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));  // the CPU's centroid scale
+        retro.max_clusters = step_.max_clusters;
+        retro.max_candidates = step_.max_candidates;
+        retro.logits = logits_.get();
+        retro.totals = totals_.get();
+        retro.page_scores = scores_.get();
+        retro.selected = step_.needed;
+        retro.selected_offsets = step_.needed_offsets;
+        retro.selected_counts = step_.counts;
+        retro.estimate_fraction = sparse::SparseSettings{}.retroinfer_estimate_fraction;
+        retro.zone_flags = zone_flags_.get();
+        retro.zone_tallies = zone_tallies_.get();
+        retro.zone_scores = zone_scores_.get();
+        retro.zone_counts = zone_counts_.get();
+        cuda_check(cuda::retroinfer_score(retro, stream), "RetroInfer scores");
+      }
       mark(1);
       cuda::SelectTopParams select;
       select.scores = scores_.get();
@@ -1799,6 +2049,20 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       select.num_kv_heads = heads;
       select.out_pages = step_.needed;
       cuda_check(cuda::select_top_pages(select, stream), "top-page select");
+      if (step_.retroinfer_decode) {  // the estimation zone: the best clusters with a token left out
+        cuda_check(cuda::retroinfer_zone(retro, stream), "RetroInfer estimation zone");
+        cuda::SelectTopParams zone;
+        zone.scores = zone_scores_.get();
+        zone.max_candidates = step_.max_clusters;
+        zone.first_candidate = step_.zeros;
+        zone.end_candidate = step_.cluster_slots;
+        zone.counts = zone_counts_.get();
+        zone.out_offsets = step_.zone_offsets;
+        zone.num_seqs = decode_rows;
+        zone.num_kv_heads = heads;
+        zone.out_pages = zone_.get();
+        cuda_check(cuda::select_top_pages(zone, stream), "RetroInfer zone select");
+      }
       mark(2);
       cuda::PageCacheParams cache;
       cache.num_seqs = decode_rows;
@@ -1867,8 +2131,35 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       p.list_offsets = step_.low_decode_offsets;
       p.num_tokens = step_.low_decode_tokens;
     }
+    const bool estimate = step_.retroinfer_decode && !dense_layer;
+    if (estimate) p.lse = lse_.get();
     cuda_check(cuda::paged_decode_attention(p, out, workspace_.get(), workspace_.bytes(), stream),
                "paged decode attention");
+    if (estimate) {
+      cuda::RetroInferEstimateParams e;
+      e.records = retroinfer_records(layer);
+      e.q = decode_q_.get();
+      e.dir = step_.factor_dir;
+      e.dir_offsets = step_.factor_offsets;
+      e.first_candidate = step_.first_candidate;
+      e.end_candidate = step_.retroinfer_end;
+      e.selected = step_.needed;
+      e.selected_offsets = step_.needed_offsets;
+      e.selected_counts = step_.counts;
+      e.zone = zone_.get();
+      e.zone_offsets = step_.zone_offsets;
+      e.zone_counts = zone_counts_.get();
+      e.decode_pages = step_.decode_pages;
+      e.decode_offsets = step_.decode_offsets;
+      e.num_seqs = decode_rows;
+      e.group = static_cast<int>(group_size_);
+      e.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      e.lse = lse_.get();
+      e.out = out;
+      e.splits = cuda::retroinfer_estimate_splits(step_.max_clusters);
+      e.partials = estimate_partials_.get();
+      cuda_check(cuda::retroinfer_estimate(e, stream), "RetroInfer estimation");
+    }
     mark(5);
     if (profiled && profile_entries_ > 0) {
       cuda_check(cudaMemcpyAsync(profile_selected_.get() + (layer - dense_layers_) * profile_entries_, step_.needed,
@@ -1904,7 +2195,7 @@ CudaPagedAttentionFactory::CudaPagedAttentionFactory(const AttentionShape& shape
 CudaPagedAttentionFactory::~CudaPagedAttentionFactory() = default;
 
 std::vector<std::string> CudaPagedAttentionFactory::algorithms() const {
-  if (store_->has_host_tier()) return {"dense", kDenseOffload, kQuest, kSeer, kShadowKv};
+  if (store_->has_host_tier()) return {"dense", kDenseOffload, kQuest, kSeer, kShadowKv, kRetroInfer};
   return {"dense"};
 }
 
@@ -1917,8 +2208,8 @@ void CudaPagedAttentionFactory::validate(const AttentionSettings& settings) cons
              "attention algorithm '{}' is not available on the CUDA backend yet (available: dense{}; the others run "
              "with --device cpu)",
              settings.algorithm,
-             store_->has_host_tier() ? ", dense-offload, quest, seer, shadowkv"
-                                     : "; dense-offload, quest, seer and shadowkv with --kv-host-pages");
+             store_->has_host_tier() ? ", dense-offload, quest, seer, shadowkv, retroinfer"
+                                     : "; dense-offload, quest, seer, shadowkv and retroinfer with --kv-host-pages");
   AttentionFactory::validate(settings);
 }
 
@@ -1943,11 +2234,13 @@ KvDemand CudaPagedAttentionFactory::demand(const AttentionSettings& settings, in
   const int64_t pages = store_->pages_for(tokens);
   if (!uses_host_tier(settings)) return KvDemand{.device_pages = pages * store_->pages_per_group()};
   const sparse::ResolvedSettings r = store_->resolve_sparse(settings);
-  // ShadowKV's factors cover its prompt, at most `pages` pages.
+  // ShadowKV's factors cover its prompt, RetroInfer's records its clustered pages: at most `pages`.
   const int64_t resident =
       decoding ? std::min<int64_t>(pages, int64_t{r.sink_pages} + r.window_pages + 1) +
                      store_->selection_slots(r, max_tokens) +
-                     (settings.algorithm == kShadowKv ? store_->shadowkv_factor_groups(pages) : 0)
+                     (settings.algorithm == kShadowKv     ? store_->shadowkv_factor_groups(pages)
+                      : settings.algorithm == kRetroInfer ? store_->record_groups_for(pages)
+                                                          : 0)
                : pages;
   return KvDemand{.device_pages = resident * store_->pages_per_group(),
                   .host_pages = pages * store_->pages_per_group(),

@@ -1,8 +1,8 @@
 #pragma once
 // Paged attention on the GPU: the KV store the CUDA model attends through and the AttentionFactory
-// the Engine gets per-request KV from (admitting and preempting by its pages). Five algorithms run
-// here: `dense` (every page on the device), `quest`, `seer` and `shadowkv` (sparse decode over a
-// two-tier store; Seer with its training-free gate) and `dense-offload` (every page attended,
+// the Engine gets per-request KV from (admitting and preempting by its pages). Six algorithms run
+// here: `dense` (every page on the device), `quest`, `seer`, `shadowkv` and `retroinfer` (sparse
+// decode over a two-tier store; Seer with its training-free gate) and `dense-offload` (every page attended,
 // those between sinks and window read from the host tier by the attention kernel itself,
 // zero-copy, at each step: the offloading baseline).
 //
@@ -21,21 +21,24 @@
 //
 // Sparse requests, when the store has a host tier (pinned host memory the GPU reads directly):
 // prefill is dense, with every token also written through to the host tier. At the first decode
-// step the store indexes every complete page (Quest's min/max key summaries, Seer's key sums or
-// ShadowKV's landmarks, outlier chunks and the low-rank factors of the prompt's pre-RoPE keys, on
-// the device) and keeps on the device only the sink and recent-window pages plus a cache of slots
+// step the store indexes every complete page (Quest's min/max key summaries, Seer's key sums,
+// ShadowKV's landmarks, outlier chunks and the low-rank factors of the prompt's pre-RoPE keys, or
+// RetroInfer's k-means clusters and their records, on the device) and keeps on the device only the sink and recent-window pages plus a cache of slots
 // per (layer, KV head) (and ShadowKV's factors); the first dense layers keep all their pages, in
 // groups that exist only in those layers' slices of the pool (which are larger). Each decode step,
 // per sparse layer, with no host round trip: Index the page that just filled, score the candidate
 // pages against the queries, select the top pages per KV head, Retrieve them into the cache slots
 // (bucketed LRU, zero-copy gather of the misses from the host tier; ShadowKV fetches only the
 // values of prompt pages and rebuilds their keys from the factors), then attend over sinks +
-// selected + window.
+// selected + window (RetroInfer then adds its estimation zone's clusters to the attention's
+// output, merged through its log-sum-exp). RetroInfer clusters the decode pages that wait
+// unclustered once they make a segment, eagerly at the start of that step, from the host tier.
 // dense-offload shares Quest's prefill, write-through and transition (without summaries or cache
 // slots), so its first dense layers also stay on the device (the pool's layout); its decode lists
 // name the host-tier pages directly (negative ids, kernels/cuda/paged_attention.h), and a step
 // with only dense-offload rows runs no Index or Select kernels. A decoding host-tier sequence
-// (ShadowKV's excepted: its factors live only on the device) can be swapped out under device
+// (ShadowKV's and RetroInfer's excepted: their factors and records live only on the device) can be
+// swapped out under device
 // pressure: its first dense layers' pages (not written through) are copied to the host tier and
 // every device page goes; swap_in brings back those layers, sinks and window, and its cache
 // restarts empty.

@@ -23,6 +23,13 @@ constexpr int kSplitQuantum = kWarps * kTile;  // tokens_per_split is a multiple
 constexpr int kMaxGroup = 8;
 constexpr int kMaxSplits = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Natural-log log-sum-exp from the kernel's log2-domain state: running max m (0 when every score
+// was -inf) and the sum of exp2(score - m); -inf when nothing was summed (an item with 0 tokens).
+__device__ __forceinline__ float natural_lse(float m, float sum) {
+  return sum > 0.0f ? (m + log2f(sum)) * kLn2 : -INFINITY;
+}
 
 // Loads run through a ring of kStages tiles (8 KB each at d=128) per warp in shared memory,
 // filled by cp.async; shared memory bounds the bytes in flight (2 blocks of 4 warps per SM at
@@ -419,6 +426,7 @@ __global__ void __launch_bounds__(kThreads)
     if (num_splits == 1) {
       const size_t row = static_cast<size_t>(seq) * num_q_heads + kv_head * group + qi;
       out[row * D + d] = from_float<OutT>(sum > 0.0f ? acc / sum : 0.0f);
+      if (p.lse != nullptr && d == 0) p.lse[row] = natural_lse(m_use, sum);  // one thread per row
     } else {
       const size_t slot = (static_cast<size_t>(item) * num_splits + split) * group + qi;
       ws_out[slot * D + d] = acc;
@@ -442,6 +450,9 @@ __global__ void __launch_bounds__(kThreads)
   const int group = p.group;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
+  const int seq = item / p.num_kv_heads;
+  const int kv_head = item - seq * p.num_kv_heads;
+  const size_t row0 = static_cast<size_t>(seq) * p.num_kv_heads * group + kv_head * group;
   const float2* ml = ws_ml + static_cast<size_t>(item) * num_splits * group;
   for (int qi = warp; qi < group; qi += kWarps) {
     float m_max = -INFINITY;
@@ -456,13 +467,11 @@ __global__ void __launch_bounds__(kThreads)
       sum += wt * v.y;
     }
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    if (p.lse != nullptr && lane == 0) p.lse[row0 + qi] = natural_lse(m_use, sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int s = lane; s < used; s += 32) weights[qi * num_splits + s] *= inv;
   }
   __syncthreads();
-  const int seq = item / p.num_kv_heads;
-  const int kv_head = item - seq * p.num_kv_heads;
-  const size_t row0 = static_cast<size_t>(seq) * p.num_kv_heads * group + kv_head * group;
   const float* src = ws_out + static_cast<size_t>(item) * num_splits * group * D;
   for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
     const int qi = idx / D;

@@ -15,7 +15,7 @@
 // page ids inside the pool (a kernel cannot report errors; the host checks what it can).
 // A negative id ~p names page p of host_pool instead: pinned host memory mapped into the device's
 // address space, read straight over the link (dense-offload attends to its host-tier pages so).
-// An item with 0 tokens writes zeros.
+// An item with 0 tokens writes zeros (and a log-sum-exp of -INFINITY, see lse below).
 //
 // GQA: query head qh = kv_head * group + j (j < group) attends to kv_head; each KV tile is loaded
 // once for the whole group. Scores and accumulation are fp32 (tensor-core bf16 products, fp32
@@ -53,6 +53,13 @@ struct PagedDecodeParams {
   // instruction covering 512 contiguous bytes, swizzled. For benchmarks and tuning; every path
   // computes the same result.
   int load_path = -1;
+  // Optional [num_seqs][num_kv_heads * group] fp32 output, indexed like `out`'s rows (row
+  // r = seq * num_kv_heads * group + kv_head * group + j): the natural-log log-sum-exp of that
+  // query head's scaled logits, ln(sum_t exp(scale * q . k_t)); -INFINITY for an item with 0
+  // tokens. out * exp(lse) is the unnormalised sum over this call's tokens, so a caller can merge
+  // further softmax terms (other tokens, a sink) into the normalised output afterwards without
+  // rerunning the kernel. Null: not written (no extra work).
+  float* lse = nullptr;
 };
 
 // Splits per item the launch will use (1 means no merge pass and no workspace).

@@ -1,0 +1,909 @@
+#include "kernels/cuda/retroinfer.h"
+
+#include <cub/block/block_radix_sort.cuh>
+
+#include <climits>
+#include <cmath>
+
+#include "kernels/cuda/mma.cuh"
+
+// Index: per job (one segment of one KV head), blocks of 256 tokens read keys and values once into
+// fp32 scratch, then centre the keys (the mean from the blocks' partial sums, added in one order);
+// each k-means round is an assignment kernel (tensor cores over the bf16-rounded centred keys and
+// centroids, fp32 sums), a sort kernel (one block radix-sorts the job's (cluster, token) keys, so
+// each cluster's members are contiguous and in token order) and a warp per cluster summing its
+// members in that order (no atomics: the same inputs always give the same centroids). After the
+// last round's sort, a warp per slot writes the records' sums and a thread per token its entries.
+//
+// Select: blocks of (256 cluster slots, item) for the logits and their per-block (max, sum of
+// exp), then the totals; blocks of (256 pages, item) for the page scores. The zone: blocks of
+// pages flag the clusters of the pages left out (each page found in the selection by binary
+// search), blocks of slots score and count them (integer atomics: the counts never depend on the
+// order), and a thread per item takes the count.
+//
+// Estimate: blocks of (split, item), a warp per zone cluster; the warp's lanes place 32 members at
+// once, the values of those on attended pages are subtracted, and each warp keeps an online softmax
+// per query head; a second pass merges the splits and the attention's output.
+namespace spin::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kSortItems = kRetroInferMaxSegmentTokens / kThreads;
+constexpr int kTokenBits = 13;
+constexpr int kLoadTokens = 256;  // tokens per block of the load and centring kernels
+constexpr int kLoadChunks = kRetroInferMaxSegmentTokens / kLoadTokens;
+static_assert((1 << kTokenBits) == kRetroInferMaxSegmentTokens, "sort keys pack a segment's token index");
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
+  return v;
+}
+
+// A record's fields (layout in retroinfer.h).
+struct Record {
+  char* base;
+  int page_size, slots, head_dim;
+  __device__ int32_t& cluster(int i) const { return reinterpret_cast<int32_t*>(base)[i]; }
+  __device__ int32_t& member(int i) const { return reinterpret_cast<int32_t*>(base)[page_size + i]; }
+  __device__ int32_t& start(int s) const { return reinterpret_cast<int32_t*>(base)[2 * page_size + s]; }
+  __device__ int32_t& size(int s) const { return reinterpret_cast<int32_t*>(base)[2 * page_size + slots + s]; }
+  __device__ float* value_sum(int s) const {
+    return reinterpret_cast<float*>(base + retroinfer_values_at(page_size, slots)) + static_cast<int64_t>(s) * head_dim;
+  }
+  __device__ bf16* centroid(int s) const {
+    return reinterpret_cast<bf16*>(base + retroinfer_values_at(page_size, slots) + int64_t{4} * slots * head_dim) +
+           static_cast<int64_t>(s) * head_dim;
+  }
+};
+
+__device__ __forceinline__ Record record_of(const RetroInferRecords& r, const int32_t* dir, int h, int64_t page) {
+  const int64_t group = dir[page / r.records_per_page];
+  const int64_t page_elems = int64_t{2} * r.page_size * r.head_dim;
+  char* base = reinterpret_cast<char*>(r.kv_pool + (group * r.num_kv_heads + h) * page_elems) +
+               (page % r.records_per_page) * retroinfer_record_bytes(r.page_size, r.head_dim, r.slots);
+  return Record{base, r.page_size, r.slots, r.head_dim};
+}
+// The record holding cluster slot c, and holding member entry / token i.
+__device__ __forceinline__ Record slot_record(const RetroInferRecords& r, const int32_t* dir, int h, int64_t c) {
+  return record_of(r, dir, h, c / r.slots);
+}
+__device__ __forceinline__ Record token_record(const RetroInferRecords& r, const int32_t* dir, int h, int64_t i) {
+  return record_of(r, dir, h, i / r.page_size);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Index
+
+// Scratch of the clustering, laid out from the job tables' totals.
+struct ClusterScratch {
+  float* x;       // [tokens][head_dim] centred keys
+  float* values;  // [tokens][head_dim]
+  float* mean;    // [jobs][head_dim]
+  float* centroids;  // [pages * slots][head_dim]: job j's cluster c at page_offsets[j] * slots + c
+  int32_t* assign;   // [tokens]
+  uint32_t* sorted;  // [tokens]
+  int32_t* start;    // [pages * slots]
+  int32_t* size;     // [pages * slots]
+  bf16* x16;         // x and the centroids rounded to bf16: the assignment's tensor-core inputs
+  bf16* centroids16;
+  float* partial;    // [jobs][kLoadChunks][head_dim]: each chunk's sums of its keys
+};
+
+__host__ __device__ inline size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// The scratch's layout from `base`; `bytes` receives its size.
+__host__ __device__ inline ClusterScratch cluster_scratch(void* base, int64_t pages, int64_t jobs, int page_size,
+                                                         int head_dim, int slots, size_t* bytes = nullptr) {
+  const auto tokens = static_cast<size_t>(pages * page_size);
+  const auto clusters = static_cast<size_t>(pages * slots);
+  size_t offset = 0;
+  const auto take = [&](size_t size) {
+    char* p = static_cast<char*>(base) + offset;
+    offset += align256(size);
+    return p;
+  };
+  ClusterScratch s{};
+  s.x = reinterpret_cast<float*>(take(tokens * head_dim * sizeof(float)));
+  s.values = reinterpret_cast<float*>(take(tokens * head_dim * sizeof(float)));
+  s.mean = reinterpret_cast<float*>(take(static_cast<size_t>(jobs) * head_dim * sizeof(float)));
+  s.centroids = reinterpret_cast<float*>(take(clusters * head_dim * sizeof(float)));
+  s.assign = reinterpret_cast<int32_t*>(take(tokens * sizeof(int32_t)));
+  s.sorted = reinterpret_cast<uint32_t*>(take(tokens * sizeof(uint32_t)));
+  s.start = reinterpret_cast<int32_t*>(take(clusters * sizeof(int32_t)));
+  s.size = reinterpret_cast<int32_t*>(take(clusters * sizeof(int32_t)));
+  s.x16 = reinterpret_cast<bf16*>(take(tokens * head_dim * sizeof(bf16)));
+  s.centroids16 = reinterpret_cast<bf16*>(take(clusters * head_dim * sizeof(bf16)));
+  s.partial = reinterpret_cast<float*>(take(static_cast<size_t>(jobs) * kLoadChunks * head_dim * sizeof(float)));
+  if (bytes) *bytes = offset;
+  return s;
+}
+
+struct JobShape {
+  int64_t token0;    // first token of the job in the scratch
+  int64_t cluster0;  // first centroid of the job in the scratch
+  int n;             // tokens
+  int k;             // clusters
+};
+
+__device__ __forceinline__ JobShape job_shape(const RetroInferClusterParams& p, int job) {
+  const int32_t page0 = p.page_offsets[job];
+  const int n = (p.page_offsets[job + 1] - page0) * p.records.page_size;
+  return JobShape{int64_t{page0} * p.records.page_size, int64_t{page0} * p.records.slots, n,
+                  max(1, n / p.cluster_tokens)};
+}
+
+// Block (256 tokens, job): the chunk's keys and values into fp32 scratch, and its sums of the keys
+// (each thread keeps one dimension: blockDim is a multiple of head_dim).
+__global__ void __launch_bounds__(kThreads) retro_load_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  __shared__ float partial[kThreads];
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const int t0 = blockIdx.x * kLoadTokens;
+  if (t0 >= js.n) return;  // whole block
+  const int D = p.records.head_dim, ps = p.records.page_size;
+  const int64_t page_elems = int64_t{2} * ps * D;
+  const int32_t* ids = p.page_ids + p.page_offsets[job];
+  float* x = s.x + js.token0 * D;
+  float* v = s.values + js.token0 * D;
+  const int d = threadIdx.x % D;
+  float sum = 0.0f;
+  for (int t = t0 + threadIdx.x / D; t < min(js.n, t0 + kLoadTokens); t += kThreads / D) {
+    const int32_t id = ids[t / ps];
+    const bf16* page = id >= 0 ? p.records.kv_pool + id * page_elems : p.host_pool + int64_t{~id} * page_elems;
+    const float key = __bfloat162float(page[(t % ps) * D + d]);
+    x[int64_t{t} * D + d] = key;
+    v[int64_t{t} * D + d] = __bfloat162float(page[int64_t{ps} * D + (t % ps) * D + d]);
+    sum += key;
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.x < D) {
+    float total = 0.0f;
+    for (int i = threadIdx.x; i < kThreads; i += D) total += partial[i];
+    s.partial[(int64_t{job} * kLoadChunks + blockIdx.x) * D + threadIdx.x] = total;
+  }
+}
+
+// Block (256 tokens, job): the segment's mean from the chunks' sums (every block adds them in the
+// same order), the chunk's keys centred (fp32 and bf16), and the seeds among its tokens.
+__global__ void __launch_bounds__(kThreads) retro_centre_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  __shared__ float mean[128];
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const int t0 = blockIdx.x * kLoadTokens;
+  if (t0 >= js.n) return;  // whole block
+  const int D = p.records.head_dim;
+  if (threadIdx.x < D) {
+    float total = 0.0f;
+    for (int c = 0; c * kLoadTokens < js.n; ++c) total += s.partial[(int64_t{job} * kLoadChunks + c) * D + threadIdx.x];
+    mean[threadIdx.x] = total / static_cast<float>(js.n);
+    if (blockIdx.x == 0) s.mean[int64_t{job} * D + threadIdx.x] = mean[threadIdx.x];
+  }
+  __syncthreads();
+  const int d = threadIdx.x % D;
+  float* x = s.x + js.token0 * D;
+  bf16* x16 = s.x16 + js.token0 * D;
+  const int t_end = min(js.n, t0 + kLoadTokens);
+  for (int t = t0 + threadIdx.x / D; t < t_end; t += kThreads / D) {
+    const float centred = x[int64_t{t} * D + d] - mean[d];
+    x[int64_t{t} * D + d] = centred;
+    x16[int64_t{t} * D + d] = __float2bfloat16(centred);
+  }
+  __syncthreads();
+  // Seed j is token j * n / k: the seeds of this chunk, from the smallest j with j n / k >= t0.
+  float* c = s.centroids + js.cluster0 * D;
+  bf16* c16 = s.centroids16 + js.cluster0 * D;
+  const auto first_seed = static_cast<int>((int64_t{t0} * js.k + js.n - 1) / js.n);
+  for (int j = first_seed + threadIdx.x / D; j < js.k; j += kThreads / D) {
+    const auto t = static_cast<int>(static_cast<int64_t>(j) * js.n / js.k);
+    if (t >= t_end) break;
+    c[int64_t{j} * D + d] = x[int64_t{t} * D + d];
+    c16[int64_t{j} * D + d] = x16[int64_t{t} * D + d];
+  }
+}
+
+// Block (128 tokens, job): each token's nearest centroid by inner product (ties: the lower one),
+// on tensor cores: the block's centred keys and 128 centroids at a time in shared memory (bf16);
+// warp w multiplies its 16 tokens by them (mma m16n8k16, fp32 sums) and takes each row's best
+// straight from the accumulators: a lane's columns of a row, then the row's quad of lanes.
+constexpr int kAssignRows = 128;
+constexpr int kAssignCols = 128;
+template <int D>
+constexpr int assign_ld() { return D + 8; }  // bf16 row stride in shared memory: ldmatrix conflict-free
+template <int D>
+constexpr size_t assign_shared_bytes() {
+  return (size_t{kAssignRows} + kAssignCols) * assign_ld<D>() * sizeof(bf16);
+}
+
+// The better of (v, j) and (ov, oj): the larger value, the lower index on a tie.
+__device__ __forceinline__ void keep_best(float& v, int& j, float ov, int oj) {
+  if (ov > v || (ov == v && oj < j)) v = ov, j = oj;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads, 2) retro_assign_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  constexpr int ld = assign_ld<D>();
+  bf16* xs = reinterpret_cast<bf16*>(shared);
+  bf16* cs = xs + kAssignRows * ld;
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const int t0 = blockIdx.x * kAssignRows;
+  if (t0 >= js.n) return;  // whole block
+  const int rows = min(kAssignRows, js.n - t0);
+  const bf16* x = s.x16 + (js.token0 + t0) * D;
+  const bf16* c = s.centroids16 + js.cluster0 * D;
+  constexpr int kVectors = D / 8;  // 16-byte vectors per row
+  for (int i = threadIdx.x; i < kAssignRows * kVectors; i += kThreads) {
+    const int row = i / kVectors, v = i % kVectors;
+    const uint4 value = row < rows ? reinterpret_cast<const uint4*>(x + int64_t{row} * D)[v] : make_uint4(0, 0, 0, 0);
+    reinterpret_cast<uint4*>(xs + row * ld)[v] = value;
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const auto xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
+  const auto cs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(cs));
+  float best[2] = {-INFINITY, -INFINITY};  // rows warp * 16 + lane / 4 and + 8
+  int best_j[2] = {0, 0};
+  for (int j0 = 0; j0 < js.k; j0 += kAssignCols) {
+    const int cols = min(kAssignCols, js.k - j0);
+    __syncthreads();  // the previous tile's centroids are no longer read
+    for (int i = threadIdx.x; i < kAssignCols * kVectors; i += kThreads) {
+      const int row = i / kVectors, v = i % kVectors;
+      const uint4 value =
+          row < cols ? reinterpret_cast<const uint4*>(c + int64_t{j0 + row} * D)[v] : make_uint4(0, 0, 0, 0);
+      reinterpret_cast<uint4*>(cs + row * ld)[v] = value;
+    }
+    __syncthreads();
+    float acc[kAssignCols / 8][4] = {};
+#pragma unroll
+    for (int k0 = 0; k0 < D; k0 += 16) {
+      uint32_t a[4];
+      ldmatrix_x4(a, xs_addr + ((warp * 16 + lane % 16) * ld + k0 + (lane / 16) * 8) * 2);
+#pragma unroll
+      for (int nb = 0; nb < kAssignCols / 16; ++nb) {
+        uint32_t b[4];
+        ldmatrix_x4(b, cs_addr + ((nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8) * 2);
+        mma_bf16(acc[2 * nb], a, b[0], b[1]);
+        mma_bf16(acc[2 * nb + 1], a, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float v = -INFINITY;
+      int j = INT_MAX;
+#pragma unroll
+      for (int n = 0; n < kAssignCols / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = n * 8 + 2 * (lane % 4) + e;  // ascending: the lower wins a tie
+          if (col < cols && acc[n][2 * half + e] > v) v = acc[n][2 * half + e], j = j0 + col;
+        }
+#pragma unroll
+      for (int offset = 1; offset < 4; offset <<= 1) {
+        keep_best(v, j, __shfl_xor_sync(kFull, v, offset), __shfl_xor_sync(kFull, j, offset));
+      }
+      keep_best(best[half], best_j[half], v, j);
+    }
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp * 16 + lane / 4 + 8 * half;
+      if (row < rows) s.assign[js.token0 + t0 + row] = best_j[half];
+    }
+  }
+}
+
+// Block per job: members sorted by (cluster, token), each cluster's first member and count.
+__global__ void __launch_bounds__(kThreads) retro_sort_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  using Sort = cub::BlockRadixSort<uint32_t, kThreads, kSortItems>;
+  __shared__ typename Sort::TempStorage sort_storage;
+  const int job = blockIdx.x;
+  const JobShape js = job_shape(p, job);
+  constexpr uint32_t kPad = (1u << (2 * kTokenBits)) - 1;  // past every (cluster, token) key of a short job
+  uint32_t keys[kSortItems];
+#pragma unroll
+  for (int i = 0; i < kSortItems; ++i) {
+    const int t = threadIdx.x * kSortItems + i;
+    keys[i] = t < js.n ? (static_cast<uint32_t>(s.assign[js.token0 + t]) << kTokenBits) | static_cast<uint32_t>(t) : kPad;
+  }
+  Sort(sort_storage).Sort(keys, 0, 2 * kTokenBits);
+  uint32_t* sorted = s.sorted + js.token0;
+  int32_t* start = s.start + js.cluster0;
+  int32_t* size = s.size + js.cluster0;
+  for (int j = threadIdx.x; j < js.k; j += kThreads) start[j] = -1, size[j] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kSortItems; ++i) {
+    const int at = threadIdx.x * kSortItems + i;
+    if (at < js.n) sorted[at] = keys[i];
+  }
+  __syncthreads();
+  // Each run of one cluster: its first entry writes the start, its last the end (into size).
+  for (int at = threadIdx.x; at < js.n; at += kThreads) {
+    const uint32_t c = sorted[at] >> kTokenBits;
+    if (at == 0 || (sorted[at - 1] >> kTokenBits) != c) start[c] = at;
+    if (at == js.n - 1 || (sorted[at + 1] >> kTokenBits) != c) size[c] = at + 1;
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < js.k; j += kThreads) {
+    if (start[j] >= 0) size[j] -= start[j];
+  }
+  __syncthreads();
+
+}
+
+// Block (8 clusters, job), a warp per cluster: its new centroid, the mean of its members' centred
+// keys summed in token order (an empty cluster keeps its own).
+__global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (j >= js.k) return;
+  const int start = s.start[js.cluster0 + j], size = s.size[js.cluster0 + j];
+  if (size == 0) return;
+  const int D = p.records.head_dim;
+  const float* x = s.x + js.token0 * D;
+  const uint32_t* sorted = s.sorted + js.token0;
+  float sum[4] = {};
+#pragma unroll 4
+  for (int m = start; m < start + size; ++m) {
+    const int64_t t = sorted[m] & ((1u << kTokenBits) - 1);
+    for (int e = 0; e < D / 32; ++e) sum[e] += x[t * D + lane + 32 * e];
+  }
+  float* c = s.centroids + (js.cluster0 + j) * D;
+  bf16* c16 = s.centroids16 + (js.cluster0 + j) * D;
+  for (int e = 0; e < D / 32; ++e) {
+    c[lane + 32 * e] = sum[e] / static_cast<float>(size);
+    c16[lane + 32 * e] = __float2bfloat16(c[lane + 32 * e]);
+  }
+}
+
+// Block (8 slots, job), a warp per slot of the segment: its start and size (an empty one past k,
+// or with no member, gets size 0), value sum and centroid (the mean stored key).
+__global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const RetroInferRecords& r = p.records;
+  const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (j >= js.n / r.page_size * r.slots) return;
+  const int h = p.head[job];
+  const int32_t* dir = p.dir + p.dir_offsets[job];
+  const int64_t first_token = int64_t{p.first_page[job]} * r.page_size;
+  const int64_t slot = int64_t{p.first_page[job]} * r.slots + j;
+  const Record rec = slot_record(r, dir, h, slot);
+  const int sj = static_cast<int>(slot % r.slots);
+  const int start = j < js.k ? s.start[js.cluster0 + j] : 0, size = j < js.k ? s.size[js.cluster0 + j] : 0;
+  if (lane == 0) {
+    rec.start(sj) = size > 0 ? static_cast<int32_t>(first_token + start) : 0;
+    rec.size(sj) = size;
+  }
+  if (size == 0) return;
+  const int D = r.head_dim;
+  const float* x = s.x + js.token0 * D;
+  const float* values = s.values + js.token0 * D;
+  const float* mean = s.mean + int64_t{job} * D;
+  const uint32_t* sorted = s.sorted + js.token0;
+  float key_sum[4] = {}, value_sum[4] = {};
+#pragma unroll 4
+  for (int m = start; m < start + size; ++m) {
+    const int64_t t = sorted[m] & ((1u << kTokenBits) - 1);
+    for (int e = 0; e < D / 32; ++e) {
+      key_sum[e] += x[t * D + lane + 32 * e];
+      value_sum[e] += values[t * D + lane + 32 * e];
+    }
+  }
+  for (int e = 0; e < D / 32; ++e) {
+    const int d = lane + 32 * e;
+    rec.value_sum(sj)[d] = value_sum[e];
+    rec.centroid(sj)[d] = __float2bfloat16(key_sum[e] / static_cast<float>(size) + mean[d]);
+  }
+}
+
+// Block (256 tokens, job): the segment's member entries and each token's cluster.
+__global__ void __launch_bounds__(kThreads) retro_members_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  const int job = blockIdx.y;
+  const JobShape js = job_shape(p, job);
+  const int at = blockIdx.x * kLoadTokens + threadIdx.x;
+  static_assert(kLoadTokens == kThreads, "a thread per token");
+  if (at >= js.n) return;
+  const RetroInferRecords& r = p.records;
+  const int h = p.head[job];
+  const int32_t* dir = p.dir + p.dir_offsets[job];
+  const int64_t first_token = int64_t{p.first_page[job]} * r.page_size;
+  const int64_t i = first_token + at;
+  const Record rec = token_record(r, dir, h, i);
+  rec.member(static_cast<int>(i % r.page_size)) =
+      static_cast<int32_t>(first_token + (s.sorted[js.token0 + at] & ((1u << kTokenBits) - 1)));
+  rec.cluster(static_cast<int>(i % r.page_size)) =
+      static_cast<int32_t>(int64_t{p.first_page[job]} * r.slots + s.assign[js.token0 + at]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Select
+
+__device__ __forceinline__ int num_slots(const RetroInferSelectParams& p, int seq) {
+  return min(p.clustered_pages[seq] * p.records.slots, p.max_clusters);
+}
+
+// Pass 1, block (256 slots, item): logits of the non-empty slots (-inf for the others) and the
+// block's (max, sum of exp) per query head.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelectParams p) {
+  __shared__ float q[G][D];
+  __shared__ float warp_max[kWarps][G], warp_total[kWarps][G];
+  const int item = blockIdx.y;
+  const int heads = p.records.num_kv_heads;
+  const int seq = item / heads, h = item % heads;
+  const int n = num_slots(p, seq);
+  const int c0 = static_cast<int>(blockIdx.x) * kThreads;
+  if (blockIdx.x == 0 && threadIdx.x < 2) p.zone_tallies[item * 2 + threadIdx.x] = 0;
+  if (c0 >= n) return;  // whole block
+  const bf16* qh = p.q + static_cast<int64_t>(item) * G * D;
+  for (int k = threadIdx.x; k < G * D; k += kThreads) q[k / D][k % D] = __bfloat162float(qh[k]) * p.scale;
+  __syncthreads();
+  const int c = c0 + static_cast<int>(threadIdx.x);
+  float dot[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
+  if (c < n) {
+    const int32_t* dir = p.dir + p.dir_offsets[seq];
+    const Record rec = slot_record(p.records, dir, h, c);
+    const int sc = c % p.records.slots;
+    if (rec.size(sc) > 0) {
+      const uint4* row = reinterpret_cast<const uint4*>(rec.centroid(sc));
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+#pragma unroll
+      for (int v = 0; v < D / 8; ++v) {
+        const uint4 raw = row[v];
+        const bf16* xv = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float cv = __bfloat162float(xv[e]);
+#pragma unroll
+          for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], cv, dot[g]);
+        }
+      }
+    }
+    float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_clusters + c;
+#pragma unroll
+    for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_clusters] = dot[g];
+  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float m = dot[g];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
+    float e = m == -INFINITY ? 0.0f : __expf(dot[g] - m);
+    e = warp_sum(e);
+    if (lane == 0) warp_max[warp][g] = m, warp_total[warp][g] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
+    float* partial = p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
+                     ((static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G + threadIdx.x) * 2;
+    partial[0] = m;
+    partial[1] = sum;
+  }
+}
+
+// Pass 2, block (256 slots, item): the normalisers from every block's partials, then the totals.
+template <int G>
+__global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelectParams p) {
+  __shared__ float norm_max[G], norm_scale[G];
+  const int item = blockIdx.y;
+  const int heads = p.records.num_kv_heads;
+  const int seq = item / heads;
+  const int n = num_slots(p, seq);
+  const int c0 = static_cast<int>(blockIdx.x) * kThreads;
+  if (c0 >= n) return;  // whole block
+  if (threadIdx.x < G) {
+    const int blocks = (n + kThreads - 1) / kThreads;
+    const float* partial = p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
+                           static_cast<int64_t>(item) * gridDim.x * G * 2 + threadIdx.x * 2;
+    float m = -INFINITY, sum = 0.0f;
+    for (int b = 0; b < blocks; ++b) m = fmaxf(m, partial[b * G * 2]);
+    for (int b = 0; b < blocks; ++b)
+      if (partial[b * G * 2] != -INFINITY) sum += partial[b * G * 2 + 1] * __expf(partial[b * G * 2] - m);
+    norm_max[threadIdx.x] = m;
+    norm_scale[threadIdx.x] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+  const int c = c0 + static_cast<int>(threadIdx.x);
+  bool non_empty = false;
+  if (c < n) {
+    const float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_clusters + c;
+    float total = 0.0f;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float l = logits[static_cast<int64_t>(g) * p.max_clusters];
+      non_empty |= l != -INFINITY;
+      if (l != -INFINITY) total += __expf(l - norm_max[g]) * norm_scale[g];
+    }
+    p.totals[static_cast<int64_t>(item) * p.max_clusters + c] = total;
+    p.zone_flags[static_cast<int64_t>(item) * p.max_clusters + c] = 0;
+  }
+  const int count = __syncthreads_count(non_empty);
+  if (threadIdx.x == 0 && count > 0) atomicAdd(&p.zone_tallies[item * 2 + 1], count);
+}
+
+// Block (256 pages, item): a clustered candidate's estimated attention, its tokens' cluster totals
+// over the clusters' sizes.
+__global__ void __launch_bounds__(kThreads) retro_page_scores_kernel(RetroInferSelectParams p) {
+  const int item = blockIdx.y;
+  const int heads = p.records.num_kv_heads;
+  const int seq = item / heads, h = item % heads;
+  const int first = p.first_candidate[seq];
+  const int page = first + static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  if (page >= p.end_candidate[seq]) return;
+  float mass = INFINITY;
+  if (page < p.clustered_pages[seq]) {
+    const int32_t* dir = p.dir + p.dir_offsets[seq];
+    const Record rec = record_of(p.records, dir, h, page);
+    const float* totals = p.totals + static_cast<int64_t>(item) * p.max_clusters;
+    mass = 0.0f;
+    for (int t = 0; t < p.records.page_size; ++t) {
+      const int c = rec.cluster(t);
+      mass += totals[c] / static_cast<float>(slot_record(p.records, dir, h, c).size(c % p.records.slots));
+    }
+  }
+  p.page_scores[static_cast<int64_t>(item) * p.max_candidates + (page - first)] = mass;
+}
+
+// Block (256 pages, item): the clusters of each clustered candidate page not selected get a flag.
+__global__ void __launch_bounds__(kThreads) retro_zone_flags_kernel(RetroInferSelectParams p) {
+  const int item = blockIdx.y;
+  const int heads = p.records.num_kv_heads;
+  const int seq = item / heads, h = item % heads;
+  const int first = p.first_candidate[seq];
+  const int page = first + static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  if (page >= min(p.end_candidate[seq], p.clustered_pages[seq])) return;
+  const int32_t* selected = p.selected + p.selected_offsets[item];
+  int lo = 0, hi = p.selected_counts[item];
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (selected[mid] < page) lo = mid + 1; else hi = mid;
+  }
+  if (lo < p.selected_counts[item] && selected[lo] == page) return;
+  const Record rec = record_of(p.records, p.dir + p.dir_offsets[seq], h, page);
+  uint8_t* flags = p.zone_flags + static_cast<int64_t>(item) * p.max_clusters;
+  for (int t = 0; t < p.records.page_size; ++t) flags[rec.cluster(t)] = 1;
+}
+
+// Block (256 slots, item): zone scores, and the flagged clusters counted.
+__global__ void __launch_bounds__(kThreads) retro_zone_scores_kernel(RetroInferSelectParams p) {
+  const int item = blockIdx.y;
+  const int seq = item / p.records.num_kv_heads;
+  const int c = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  if (static_cast<int>(blockIdx.x) * kThreads >= num_slots(p, seq)) return;  // whole block
+  bool flagged = false;
+  if (c < num_slots(p, seq)) {
+    const int64_t at = static_cast<int64_t>(item) * p.max_clusters + c;
+    flagged = p.zone_flags[at] != 0;
+    p.zone_scores[at] = flagged ? p.totals[at] : NAN;
+  }
+  const int count = __syncthreads_count(flagged);
+  if (threadIdx.x == 0 && count > 0) atomicAdd(&p.zone_tallies[item * 2], count);
+}
+
+// Thread per item: how many clusters the zone takes.
+__global__ void retro_zone_count_kernel(RetroInferSelectParams p, int items) {
+  const int item = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (item >= items) return;
+  const int candidates = p.zone_tallies[item * 2], non_empty = p.zone_tallies[item * 2 + 1];
+  p.zone_counts[item] = min(static_cast<int>(ceil(p.estimate_fraction * non_empty)), candidates);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Estimate
+
+// Block (split, item): the zone clusters z = split * kWarps + warp (+ splits * kWarps ...), one per
+// warp at a time. The lanes take 32 members at once and find where each one's page sits in the
+// attention list; the values of the attended ones are subtracted one by one (lanes over dims).
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroInferEstimateParams p) {
+  constexpr int V = D / 32;
+  __shared__ float q[G][D];
+  __shared__ float part_m[kWarps][G], part_l[kWarps][G];
+  __shared__ float part_acc[kWarps][G][D];
+  const int item = blockIdx.y, split = blockIdx.x;
+  const int zone_count = p.zone_counts[item];
+  if (zone_count <= 0) return;  // whole block: the attention's output stands
+  const int heads = p.records.num_kv_heads;
+  const int seq = item / heads, h = item % heads;
+  const int ps = p.records.page_size;
+  const bf16* qh = p.q + static_cast<int64_t>(item) * G * D;
+  for (int k = threadIdx.x; k < G * D; k += kThreads) q[k / D][k % D] = __bfloat162float(qh[k]);
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int32_t* dir = p.dir + p.dir_offsets[seq];
+  const int first = p.first_candidate[seq], end = p.end_candidate[seq];
+  const int32_t* selected = p.selected + p.selected_offsets[item];
+  const int k = p.selected_counts[item];
+  const int32_t* list = p.decode_pages + p.decode_offsets[item];
+  const int64_t page_elems = int64_t{2} * ps * D;
+  float m[G], l[G], acc[G][V];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < V; ++e) acc[g][e] = 0.0f;
+  }
+  const int32_t* zone = p.zone + p.zone_offsets[item];
+  for (int z = split * kWarps + warp; z < zone_count; z += p.splits * kWarps) {
+    const int c = zone[z];
+    const Record rec = slot_record(p.records, dir, h, c);
+    const int sc = c % p.records.slots;
+    const int start = rec.start(sc), size = rec.size(sc);
+    float vsum[V], cent[V];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      vsum[e] = rec.value_sum(sc)[lane + 32 * e];
+      cent[e] = __bfloat162float(rec.centroid(sc)[lane + 32 * e]);
+    }
+    int missing = size;
+    for (int i0 = start; i0 < start + size; i0 += 32) {
+      const int i = i0 + lane;
+      int t = 0, at = -1;  // the member and its page's position in the attention list
+      if (i < start + size) {
+        t = token_record(p.records, dir, h, i).member(i % ps);
+        const int page = t / ps;
+        if (page < first) {
+          at = page;
+        } else if (page >= end) {
+          at = first + k + (page - end);
+        } else {
+          int lo = 0, hi = k;
+          while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (selected[mid] < page) lo = mid + 1; else hi = mid;
+          }
+          if (lo < k && selected[lo] == page) at = first + lo;
+        }
+      }
+      unsigned attended = __ballot_sync(kFull, at >= 0);
+      missing -= __popc(attended);
+      while (attended) {
+        const int src = __ffs(attended) - 1;
+        attended &= attended - 1;
+        const int tt = __shfl_sync(kFull, t, src), aa = __shfl_sync(kFull, at, src);
+        const bf16* v = p.records.kv_pool + list[aa] * page_elems + int64_t{ps} * D + (tt % ps) * D;
+#pragma unroll
+        for (int e = 0; e < V; ++e) vsum[e] -= __bfloat162float(v[lane + 32 * e]);
+      }
+    }
+    if (missing == 0) continue;
+    const float log_size = logf(static_cast<float>(missing));
+    const float inv_size = 1.0f / static_cast<float>(missing);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < V; ++e) dot = fmaf(q[g][lane + 32 * e], cent[e], dot);
+      const float a = warp_sum(dot) * p.scale + log_size;
+      const float m_new = fmaxf(m[g], a);
+      const float keep = __expf(m[g] - m_new), w = __expf(a - m_new);
+      l[g] = l[g] * keep + w;
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[g][e] = acc[g][e] * keep + w * vsum[e] * inv_size;
+      m[g] = m_new;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) part_m[warp][g] = m[g], part_l[warp][g] = l[g];
+#pragma unroll
+    for (int e = 0; e < V; ++e) part_acc[warp][g][lane + 32 * e] = acc[g][e];
+  }
+  __syncthreads();
+  // The block's partial per query head: (max, sum) then the D sums, rescaled to that max.
+  float* out = p.partials + (static_cast<int64_t>(item) * p.splits + split) * G * (D + 2);
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mz = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mz = fmaxf(mz, part_m[w][g]);
+    float lz = 0.0f, az = 0.0f;
+    if (mz != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        if (part_m[w][g] == -INFINITY) continue;
+        const float s = __expf(part_m[w][g] - mz);
+        lz += s * part_l[w][g];
+        az += s * part_acc[w][g][d];
+      }
+    }
+    out[g * (D + 2) + 2 + d] = az;
+    if (d == 0) out[g * (D + 2)] = mz, out[g * (D + 2) + 1] = lz;
+  }
+}
+
+// Block per item: the splits' partials merged with the attention's output and log-sum-exp.
+template <int D, int G>
+__global__ void __launch_bounds__(kThreads) retro_estimate_merge_kernel(RetroInferEstimateParams p) {
+  const int item = blockIdx.x;
+  if (p.zone_counts[item] <= 0) return;  // whole block
+  const float* parts = p.partials + static_cast<int64_t>(item) * p.splits * G * (D + 2);
+  for (int idx = threadIdx.x; idx < G * D; idx += kThreads) {
+    const int g = idx / D, d = idx % D;
+    float mz = -INFINITY;
+    for (int s = 0; s < p.splits; ++s) mz = fmaxf(mz, parts[(s * G + g) * (D + 2)]);
+    float lz = 0.0f, az = 0.0f;
+    if (mz != -INFINITY) {
+      for (int s = 0; s < p.splits; ++s) {
+        const float* part = parts + (s * G + g) * (D + 2);
+        if (part[0] == -INFINITY) continue;
+        const float w = __expf(part[0] - mz);
+        lz += w * part[1];
+        az += w * part[2 + d];
+      }
+    }
+    const int64_t row = static_cast<int64_t>(item) * G + g;
+    const float lse = p.lse[row];
+    const float top = fmaxf(lse, mz);
+    if (top == -INFINITY) continue;
+    const float wa = lse == -INFINITY ? 0.0f : __expf(lse - top);
+    const float we = mz == -INFINITY ? 0.0f : __expf(mz - top);
+    bf16* o = p.out + row * D + d;
+    *o = __float2bfloat16((wa * __bfloat162float(*o) + we * az) / (wa + we * lz));
+  }
+}
+
+template <int D, int G>
+void launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
+  retro_estimate_partial_kernel<D, G><<<dim3(static_cast<unsigned>(p.splits), items), kThreads, 0, stream>>>(p);
+  retro_estimate_merge_kernel<D, G><<<items, kThreads, 0, stream>>>(p);
+}
+
+template <int D>
+cudaError_t launch_estimate(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
+  switch (p.group) {
+    case 1: launch_estimate_passes<D, 1>(p, items, stream); break;
+    case 2: launch_estimate_passes<D, 2>(p, items, stream); break;
+    case 3: launch_estimate_passes<D, 3>(p, items, stream); break;
+    case 4: launch_estimate_passes<D, 4>(p, items, stream); break;
+    case 5: launch_estimate_passes<D, 5>(p, items, stream); break;
+    case 6: launch_estimate_passes<D, 6>(p, items, stream); break;
+    case 7: launch_estimate_passes<D, 7>(p, items, stream); break;
+    default: launch_estimate_passes<D, 8>(p, items, stream); break;
+  }
+  return cudaGetLastError();
+}
+
+template <int D, int G>
+void launch_score_passes(const RetroInferSelectParams& p, dim3 grid, cudaStream_t stream) {
+  retro_logits_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
+  retro_totals_kernel<G><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <int D>
+void launch_score(const RetroInferSelectParams& p, dim3 grid, cudaStream_t stream) {
+  switch (p.group) {
+    case 1: launch_score_passes<D, 1>(p, grid, stream); break;
+    case 2: launch_score_passes<D, 2>(p, grid, stream); break;
+    case 3: launch_score_passes<D, 3>(p, grid, stream); break;
+    case 4: launch_score_passes<D, 4>(p, grid, stream); break;
+    case 5: launch_score_passes<D, 5>(p, grid, stream); break;
+    case 6: launch_score_passes<D, 6>(p, grid, stream); break;
+    case 7: launch_score_passes<D, 7>(p, grid, stream); break;
+    default: launch_score_passes<D, 8>(p, grid, stream); break;
+  }
+}
+
+bool valid_records(const RetroInferRecords& r) {
+  return r.kv_pool != nullptr && (reinterpret_cast<uintptr_t>(r.kv_pool) & 15) == 0 && r.num_kv_heads >= 1 && (r.head_dim == 64 || r.head_dim == 128) &&
+         r.page_size >= 8 && r.page_size <= 64 && r.page_size % 8 == 0 && r.slots >= 1 &&
+         r.records_per_page >= 1 && r.records_per_page <= retroinfer_records_per_page(r.page_size, r.head_dim, r.slots);
+}
+
+}  // namespace
+
+size_t retroinfer_cluster_scratch_bytes(int64_t total_pages, int64_t num_jobs, int page_size, int head_dim,
+                                        int slots) {
+  size_t bytes = 0;
+  static_cast<void>(cluster_scratch(nullptr, total_pages, num_jobs, page_size, head_dim, slots, &bytes));
+  return bytes;
+}
+
+cudaError_t retroinfer_cluster(const RetroInferClusterParams& p, cudaStream_t stream) {
+  if (p.num_jobs < 0 || p.num_jobs > 65535 || !valid_records(p.records) || p.cluster_tokens < 1 ||
+      p.records.slots < retroinfer_slots_per_page(p.records.page_size, p.cluster_tokens) || p.iterations < 1 ||
+      p.total_pages < 0)
+    return cudaErrorInvalidValue;
+  if (p.num_jobs == 0) return cudaSuccess;
+  if (!p.page_ids || !p.page_offsets || !p.first_page || !p.head || !p.dir || !p.dir_offsets || !p.scratch)
+    return cudaErrorInvalidValue;
+  const ClusterScratch s = cluster_scratch(p.scratch, p.total_pages, p.num_jobs, p.records.page_size,
+                                           p.records.head_dim, p.records.slots);
+  const auto jobs = static_cast<unsigned>(p.num_jobs);
+  const bool wide = p.records.head_dim == 128;
+  const auto assign = wide ? retro_assign_kernel<128> : retro_assign_kernel<64>;
+  const auto shared = static_cast<int>(wide ? assign_shared_bytes<128>() : assign_shared_bytes<64>());
+  const cudaError_t e = cudaFuncSetAttribute(assign, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
+  if (e != cudaSuccess) return e;
+  const dim3 chunks(kLoadChunks, jobs);
+  retro_load_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
+  retro_centre_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
+  const dim3 assign_grid(kRetroInferMaxSegmentTokens / kAssignRows, jobs);
+  const dim3 cluster_grid((kRetroInferMaxSegmentTokens / p.cluster_tokens + kWarps - 1) / kWarps, jobs);
+  for (int it = 0; it < p.iterations; ++it) {
+    assign<<<assign_grid, kThreads, shared, stream>>>(p, s);
+    retro_sort_kernel<<<jobs, kThreads, 0, stream>>>(p, s);
+    if (it < p.iterations - 1) retro_update_kernel<<<cluster_grid, kThreads, 0, stream>>>(p, s);
+  }
+  // Slots per job: pages * slots <= kRetroInferMaxSegmentTokens / page_size * slots.
+  const dim3 slot_grid((kRetroInferMaxSegmentTokens / p.records.page_size * p.records.slots + kWarps - 1) / kWarps, jobs);
+  retro_records_kernel<<<slot_grid, kThreads, 0, stream>>>(p, s);
+  retro_members_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
+  return cudaGetLastError();
+}
+
+cudaError_t retroinfer_score(const RetroInferSelectParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.records.num_kv_heads;
+  if (p.num_seqs < 0 || items > 65535 || !valid_records(p.records) || p.group < 1 || p.group > 8 ||
+      p.max_clusters < 0 || p.max_candidates < 0)
+    return cudaErrorInvalidValue;
+  if (items == 0) return cudaSuccess;
+  if (!p.q || !p.dir || !p.dir_offsets || !p.clustered_pages || !p.first_candidate || !p.end_candidate ||
+      !p.logits || !p.totals || !p.page_scores || !p.zone_flags || !p.zone_tallies)
+    return cudaErrorInvalidValue;
+  if (p.max_clusters > 0) {
+    const dim3 grid(static_cast<unsigned>((p.max_clusters + kThreads - 1) / kThreads), static_cast<unsigned>(items));
+    if (p.records.head_dim == 64)
+      launch_score<64>(p, grid, stream);
+    else
+      launch_score<128>(p, grid, stream);
+  }
+  if (p.max_candidates > 0) {
+    const dim3 grid(static_cast<unsigned>((p.max_candidates + kThreads - 1) / kThreads), static_cast<unsigned>(items));
+    retro_page_scores_kernel<<<grid, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t retroinfer_zone(const RetroInferSelectParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.records.num_kv_heads;
+  if (p.num_seqs < 0 || items > 65535 || !valid_records(p.records) || p.max_clusters < 0 || p.max_candidates < 0 ||
+      !(p.estimate_fraction >= 0.0 && p.estimate_fraction <= 1.0))
+    return cudaErrorInvalidValue;
+  if (items == 0) return cudaSuccess;
+  if (!p.dir || !p.dir_offsets || !p.clustered_pages || !p.first_candidate || !p.end_candidate || !p.totals ||
+      !p.selected || !p.selected_offsets || !p.selected_counts || !p.zone_flags || !p.zone_tallies || !p.zone_scores ||
+      !p.zone_counts)
+    return cudaErrorInvalidValue;
+  const auto n = static_cast<unsigned>(items);
+  if (p.max_candidates > 0) {
+    retro_zone_flags_kernel<<<dim3((p.max_candidates + kThreads - 1) / kThreads, n), kThreads, 0, stream>>>(p);
+  }
+  if (p.max_clusters > 0) {
+    retro_zone_scores_kernel<<<dim3((p.max_clusters + kThreads - 1) / kThreads, n), kThreads, 0, stream>>>(p);
+  }
+  retro_zone_count_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p, static_cast<int>(items));
+  return cudaGetLastError();
+}
+
+cudaError_t retroinfer_estimate(const RetroInferEstimateParams& p, cudaStream_t stream) {
+  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.records.num_kv_heads;
+  if (p.num_seqs < 0 || items > 65535 || !valid_records(p.records) || p.group < 1 || p.group > 8 || p.splits < 1 ||
+      p.splits > 65535)
+    return cudaErrorInvalidValue;
+  if (items == 0) return cudaSuccess;
+  if (!p.q || !p.dir || !p.dir_offsets || !p.first_candidate || !p.end_candidate || !p.selected ||
+      !p.selected_offsets || !p.selected_counts || !p.zone || !p.zone_offsets || !p.zone_counts || !p.decode_pages ||
+      !p.decode_offsets || !p.lse || !p.out || !p.partials)
+    return cudaErrorInvalidValue;
+  const auto n = static_cast<unsigned>(items);
+  return p.records.head_dim == 64 ? launch_estimate<64>(p, n, stream) : launch_estimate<128>(p, n, stream);
+}
+
+}  // namespace spin::cuda
