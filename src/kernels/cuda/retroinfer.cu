@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/mma.cuh"
 
 // Index: per job (one segment of one KV head), blocks of 256 tokens read keys and values once into
@@ -767,16 +768,7 @@ void launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, c
 
 template <int D>
 cudaError_t launch_estimate(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  switch (p.group) {
-    case 1: launch_estimate_passes<D, 1>(p, items, stream); break;
-    case 2: launch_estimate_passes<D, 2>(p, items, stream); break;
-    case 3: launch_estimate_passes<D, 3>(p, items, stream); break;
-    case 4: launch_estimate_passes<D, 4>(p, items, stream); break;
-    case 5: launch_estimate_passes<D, 5>(p, items, stream); break;
-    case 6: launch_estimate_passes<D, 6>(p, items, stream); break;
-    case 7: launch_estimate_passes<D, 7>(p, items, stream); break;
-    default: launch_estimate_passes<D, 8>(p, items, stream); break;
-  }
+  with_group(p.group, [&](auto g) { launch_estimate_passes<D, decltype(g)::value>(p, items, stream); });
   return cudaGetLastError();
 }
 
@@ -788,16 +780,7 @@ void launch_score_passes(const RetroInferSelectParams& p, dim3 grid, cudaStream_
 
 template <int D>
 void launch_score(const RetroInferSelectParams& p, dim3 grid, cudaStream_t stream) {
-  switch (p.group) {
-    case 1: launch_score_passes<D, 1>(p, grid, stream); break;
-    case 2: launch_score_passes<D, 2>(p, grid, stream); break;
-    case 3: launch_score_passes<D, 3>(p, grid, stream); break;
-    case 4: launch_score_passes<D, 4>(p, grid, stream); break;
-    case 5: launch_score_passes<D, 5>(p, grid, stream); break;
-    case 6: launch_score_passes<D, 6>(p, grid, stream); break;
-    case 7: launch_score_passes<D, 7>(p, grid, stream); break;
-    default: launch_score_passes<D, 8>(p, grid, stream); break;
-  }
+  with_group(p.group, [&](auto g) { launch_score_passes<D, decltype(g)::value>(p, grid, stream); });
 }
 
 bool valid_records(const RetroInferRecords& r) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
 
 // Index: one warp per page; lane l owns RoPE pairs l and l + 32 (head_dim 128) or l (64), and sums
@@ -163,16 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams
 template <int D>
 cudaError_t launch_score(const SeerScoreParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = kWarps * 32;
-  switch (p.group) {
-    case 1: seer_score_kernel<D, 1><<<grid, kThreads, 0, stream>>>(p); break;
-    case 2: seer_score_kernel<D, 2><<<grid, kThreads, 0, stream>>>(p); break;
-    case 3: seer_score_kernel<D, 3><<<grid, kThreads, 0, stream>>>(p); break;
-    case 4: seer_score_kernel<D, 4><<<grid, kThreads, 0, stream>>>(p); break;
-    case 5: seer_score_kernel<D, 5><<<grid, kThreads, 0, stream>>>(p); break;
-    case 6: seer_score_kernel<D, 6><<<grid, kThreads, 0, stream>>>(p); break;
-    case 7: seer_score_kernel<D, 7><<<grid, kThreads, 0, stream>>>(p); break;
-    default: seer_score_kernel<D, 8><<<grid, kThreads, 0, stream>>>(p); break;
-  }
+  with_group(p.group, [&](auto g) { seer_score_kernel<D, decltype(g)::value><<<grid, kThreads, 0, stream>>>(p); });
   return cudaGetLastError();
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
 
 // Index: one warp per page; lane l owns head_dim / 32 consecutive dimensions. The mean is summed
@@ -217,16 +218,7 @@ void launch_score_passes(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t s
 
 template <int D>
 cudaError_t launch_score(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t stream) {
-  switch (p.group) {
-    case 1: launch_score_passes<D, 1>(p, grid, stream); break;
-    case 2: launch_score_passes<D, 2>(p, grid, stream); break;
-    case 3: launch_score_passes<D, 3>(p, grid, stream); break;
-    case 4: launch_score_passes<D, 4>(p, grid, stream); break;
-    case 5: launch_score_passes<D, 5>(p, grid, stream); break;
-    case 6: launch_score_passes<D, 6>(p, grid, stream); break;
-    case 7: launch_score_passes<D, 7>(p, grid, stream); break;
-    default: launch_score_passes<D, 8>(p, grid, stream); break;
-  }
+  with_group(p.group, [&](auto g) { launch_score_passes<D, decltype(g)::value>(p, grid, stream); });
   return cudaGetLastError();
 }
 

@@ -4,6 +4,8 @@
 
 #include <climits>
 
+#include "kernels/cuda/group_dispatch.cuh"
+
 // Index: one warp per page; each lane reads 16-byte vectors of key rows (a row is head_dim / 8
 // vectors, so a warp covers 2 or 4 rows at once), keeps their elementwise min and max, and the
 // lanes holding the same columns combine theirs by shuffles.
@@ -226,16 +228,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScorePa
 
 template <int D>
 cudaError_t launch_score(const QuestScoreParams& p, dim3 grid, cudaStream_t stream) {
-  switch (p.group) {
-    case 1: quest_score_kernel<D, 1><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 2: quest_score_kernel<D, 2><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 3: quest_score_kernel<D, 3><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 4: quest_score_kernel<D, 4><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 5: quest_score_kernel<D, 5><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 6: quest_score_kernel<D, 6><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    case 7: quest_score_kernel<D, 7><<<grid, kScoreThreads, 0, stream>>>(p); break;
-    default: quest_score_kernel<D, 8><<<grid, kScoreThreads, 0, stream>>>(p); break;
-  }
+  with_group(p.group, [&](auto g) { quest_score_kernel<D, decltype(g)::value><<<grid, kScoreThreads, 0, stream>>>(p); });
   return cudaGetLastError();
 }
 
