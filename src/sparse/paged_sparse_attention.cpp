@@ -154,7 +154,7 @@ void PagedSparseAttention::keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uin
 }
 
 void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page,
-                                       DecodeWindow candidates) {
+                                       std::optional<DecodeWindow> prompt) {
   if (layer < settings_.first_dense_layers || end_page <= first_page) return;
   const auto n_kv = static_cast<uint32_t>(shape_.n_kv_heads);
   const size_t page_floats = size_t{settings_.page_size} * shape_.head_dim;
@@ -177,8 +177,9 @@ void PagedSparseAttention::index_pages(uint32_t layer, uint32_t first_page, uint
                       return reader_->values(device);
                     },
                 .rope = rope_,
-                .first_candidate = candidates.sink_end,
-                .end_candidate = std::min(candidates.window_start, end_page)};
+                .prompt = prompt.has_value(),
+                .first_candidate = prompt ? prompt->sink_end : 0,
+                .end_candidate = prompt ? std::min(prompt->window_start, end_page) : 0};
   if (settings_.traits.pre_rope_keys) {
     SPIN_CHECK(pre_rope_first_page_[layer] == first_page,
                "paged attention: pages of layer {} indexed out of order", layer);

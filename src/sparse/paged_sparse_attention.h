@@ -6,6 +6,7 @@
 // step, per layer: Index the page that just filled, Select (first dense layers: every page),
 // Retrieve sink + selected + window pages through the KV manager, then Attention.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kv/kv_manager.h"
@@ -56,7 +57,10 @@ class PagedSparseAttention final : public SequenceAttention {
   void decode_attention(uint32_t layer, uint32_t pos, const float* q, float* out);
   // Layer checks, page reservation and K/V writes shared by forward and store_prefill.
   void store_tokens(uint32_t layer, int64_t pos0, int64_t n, const AttentionTokens& tokens);
-  void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page, DecodeWindow candidates = {});
+  // `prompt`: set at the end of prefill (the prompt's complete pages), with the first decode step's
+  // window.
+  void index_pages(uint32_t layer, uint32_t first_page, uint32_t end_page,
+                   std::optional<DecodeWindow> prompt = std::nullopt);
   void keep_pre_rope_keys(uint32_t layer, uint32_t pos0, uint32_t n, const float* k_pre_rope);
 
   kv::KvManager& kv_;

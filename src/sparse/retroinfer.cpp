@@ -75,9 +75,8 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
       }
       s.pages = in.end_page;
       // The prompt is clustered whole; decode pages once enough wait before the new ones.
-      const bool prefill = in.first_page == 0;
-      const uint32_t end = prefill ? s.pages : in.first_page;
-      if (prefill || (end - s.clustered_pages) * page_size_ >= recluster_tokens_) {
+      const uint32_t end = in.prompt ? s.pages : in.first_page;
+      if (in.prompt || (end - s.clustered_pages) * page_size_ >= recluster_tokens_) {
         while (s.clustered_pages < end) {
           const uint32_t segment_end = std::min(end, s.clustered_pages + segment_pages);
           cluster_segment(s, s.clustered_pages, segment_end);
@@ -102,7 +101,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
     std::vector<uint8_t> missing;
     for (uint32_t g = 0; g < query.num_kv_heads; ++g) {
       const Stream& s = stream(query.layer, g);
-      SPIN_CHECK(end <= s.pages, "retroinfer: page {} of layer {} selected before it was indexed",
+      SPIN_CHECK(first >= end || end <= s.pages, "retroinfer: page {} of layer {} selected before it was indexed",
                  end - 1, query.layer);
       const auto n_clusters = static_cast<uint32_t>(s.sizes.size());
       const std::vector<float> total = cluster_totals(query, g);
@@ -346,7 +345,7 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
     const auto n = static_cast<uint32_t>(s.sizes.size());
     const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim_));
     std::vector<float> total(n, 0.0f), probs(n);
-    for (uint32_t h = g * query.group; h < (g + 1) * query.group; ++h) {
+    for (uint32_t h = g * query.group; n > 0 && h < (g + 1) * query.group; ++h) {
       const float* q = query.q + size_t{h} * head_dim_;
       for (uint32_t c = 0; c < n; ++c) {
         const float* x = s.centroids.data() + size_t{c} * head_dim_;

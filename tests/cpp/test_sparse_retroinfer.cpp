@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <set>
@@ -207,13 +208,11 @@ TEST(SparseRetroInfer, SmallBudgetMatchesBruteForce) {
   EXPECT_GT(spin_test::rel_error(got2.data(), want_f.data(), got2.size()), 1e-3);
 }
 
-TEST(SparseRetroInfer, WaitingDecodePagesAreClusteredAtTheNextPageAfterASegmentOfThem) {
-  // 16-token pages, one sink page and a one-page window, re-clustering every 2 pages. The prompt's 5
-  // pages are clustered at once; decode pages 5 and 6 wait, and only when page 7 completes (token
-  // 127) do they make a segment and get clustered, page 7 waiting in turn (its keys of every layer
-  // exist only after the step, when the CUDA store clusters); pages 7 and 8 at token 159. A waiting
-  // page that is a candidate (before the window page pos / 16 - 1) is attended outside the
-  // budget: page 5 from token 112, page 7 from token 144.
+// Decodes one layer from a prompt of `prompt` tokens to token `end` with 16-token pages, one sink
+// page, a one-page window and re-clustering every 2 pages; `waiting(pos)`: the pages not yet
+// clustered among the candidates [1, pos / 16 - 1) at the step of token pos, which are attended
+// outside the budget.
+void expect_waiting_pages(uint32_t prompt, uint32_t end, const std::function<uint64_t(uint32_t)>& waiting) {
   const AttentionShape shape{1, 4, 2, 16, 0.25f};
   const uint32_t hd = 16, n_kv = 2, ps = 16;
   SparseSettings s{.algorithm = "retroinfer", .budget_tokens = 32, .sink_tokens = 16, .window_tokens = 16,
@@ -225,17 +224,26 @@ TEST(SparseRetroInfer, WaitingDecodePagesAreClusteredAtTheNextPageAfterASegmentO
   const auto fill = [&](std::vector<float>& x) {
     for (float& v : x) v = normal(rng);
   };
-  const uint32_t prompt = 80;
   std::vector<float> q(4 * prompt * hd), k(prompt * n_kv * hd), v(k.size()), out(q.size());
   fill(q), fill(k), fill(v);
   a->forward(0, 0, prompt, {.q = q.data(), .k = k.data(), .v = v.data()}, out.data());
   std::vector<float> q1(4 * hd), k1(n_kv * hd), v1(k1.size()), out1(q1.size());
-  for (uint32_t pos = prompt; pos < 170; ++pos) {
+  for (uint32_t pos = prompt; pos < end; ++pos) {
     fill(q1), fill(k1), fill(v1);
     a->forward(0, pos, 1, {.q = q1.data(), .k = k1.data(), .v = v1.data()}, out1.data());
-    const uint64_t waiting = (pos >= 112 && pos < 127) || (pos >= 144 && pos < 159) ? 1 : 0;
-    EXPECT_EQ(a->last_step().outlier_tokens, waiting * ps * n_kv) << "token " << pos;
+    EXPECT_EQ(a->last_step().outlier_tokens, waiting(pos) * ps * n_kv) << "prompt " << prompt << ", token " << pos;
   }
+}
+
+TEST(SparseRetroInfer, WaitingDecodePagesAreClusteredAtThePageAfterASegmentOfThem) {
+  // The prompt's 5 pages are clustered at once; decode pages 5 and 6 wait, and only when page 7
+  // completes (token 127) do they make a segment and get clustered, page 7 waiting in turn (its
+  // keys of every layer exist only after the step, when the CUDA store clusters); pages 7 and 8
+  // at token 159. Waiting candidates: page 5 from token 112, page 7 from token 144.
+  expect_waiting_pages(80, 170, [](uint32_t pos) { return (pos >= 112 && pos < 127) || (pos >= 144 && pos < 159); });
+  // A prompt with no complete page has no prompt Index: its pages wait like decode pages (pages 0
+  // and 1 are clustered at token 47, 2 and 3 at 79, 4 and 5 at 111), as the CUDA store does.
+  expect_waiting_pages(10, 120, [](uint32_t pos) { return (pos >= 64 && pos < 79) || (pos >= 96 && pos < 111); });
 }
 
 }  // namespace

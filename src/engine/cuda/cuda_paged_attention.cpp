@@ -310,14 +310,15 @@ class CudaKvStore final : public DeviceAttention {
   };
   // RetroInfer's k-means jobs of a step (kernels/cuda/retroinfer.h), one per (segment, KV head):
   // the pages of each (device ids, or ~host ids), its first logical page and KV head, and the
-  // decode row whose summary groups it writes.
+  // decode row whose summary groups it writes. Kept per KV head: a head's jobs read and write only
+  // that head's pages, so the heads run one after another through one head's worth of scratch.
   struct ClusterJobs {
     std::vector<int32_t> page_ids, page_offsets{0}, first_page, head;
     std::vector<int64_t> row;
   };
   // Adds jobs for logical pages [first, end) of decode row `row`, in segments of segment_pages,
-  // reading page p of KV head h from id(p, h).
-  void add_cluster_jobs(ClusterJobs& jobs, int64_t row, int64_t first, int64_t end, int64_t segment_pages,
+  // reading page p of KV head h from id(p, h), to jobs[h].
+  void add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                         const std::function<int32_t(int64_t, int64_t)>& id) const;
   // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
   // to factorise: page_id of each, [page][KV head], from `first` in its IndexList's src (which
@@ -360,10 +361,11 @@ class CudaKvStore final : public DeviceAttention {
     return static_cast<int32_t>(
         cuda::summary_entry(chunk, static_cast<int>(shape_.n_kv_heads), static_cast<int>(head), page));
   }
-  // The first decode step of a sparse sequence: keeps sinks and window, frees the rest, takes the
-  // cache slots (and ShadowKV's factor groups), and adds every complete page to `to_index`.
+  // The first decode step of a sparse sequence: keeps sinks and window, takes the cache slots (and
+  // ShadowKV's factor or RetroInfer's record groups) from the rest first, leaves what remains in
+  // transition_freed_, and adds every complete page to `to_index` (RetroInfer's to `jobs`).
   void end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window, IndexList& to_index,
-                   ClusterJobs& jobs, int64_t row, cudaStream_t stream);
+                   std::vector<ClusterJobs>& jobs, int64_t row, cudaStream_t stream);
   // ShadowKV's factor groups for a prompt of `pages` complete pages: the basis's, then A's.
   int64_t factor_groups_for(int64_t pages) const {
     return shadowkv_basis_groups_ + (pages + shadowkv_factor_pages_ - 1) / shadowkv_factor_pages_;
@@ -412,6 +414,10 @@ class CudaKvStore final : public DeviceAttention {
   int64_t retroinfer_records_ = 1;
   std::string retroinfer_refusal_;
   DeviceBuffer<char> cluster_scratch_;      // RetroInfer's k-means
+  // Groups the step's transitions freed and did not take back: the pool gets them once those
+  // transitions' reads are launched.
+  std::vector<uint32_t> transition_freed_;
+  void release_transition_groups();
   DeviceBuffer<float> totals_;              // RetroInfer's cluster scores
   DeviceBuffer<uint8_t> zone_flags_;        // RetroInfer's estimation zone: candidates, scores,
   DeviceBuffer<float> zone_scores_;         // counts and clusters
@@ -1066,15 +1072,17 @@ cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
   return p;
 }
 
-void CudaKvStore::add_cluster_jobs(ClusterJobs& jobs, int64_t row, int64_t first, int64_t end, int64_t segment_pages,
+void CudaKvStore::add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                                    const std::function<int32_t(int64_t, int64_t)>& id) const {
+  const int64_t segment_pages = retroinfer_segment_pages();
   for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
+    ClusterJobs& head = jobs[static_cast<size_t>(h)];
     for (int64_t f = first; f < end; f += segment_pages) {
-      for (int64_t p = f; p < std::min(end, f + segment_pages); ++p) jobs.page_ids.push_back(id(p, h));
-      jobs.page_offsets.push_back(static_cast<int32_t>(jobs.page_ids.size()));
-      jobs.first_page.push_back(static_cast<int32_t>(f));
-      jobs.head.push_back(static_cast<int32_t>(h));
-      jobs.row.push_back(row);
+      for (int64_t p = f; p < std::min(end, f + segment_pages); ++p) head.page_ids.push_back(id(p, h));
+      head.page_offsets.push_back(static_cast<int32_t>(head.page_ids.size()));
+      head.first_page.push_back(static_cast<int32_t>(f));
+      head.head.push_back(static_cast<int32_t>(h));
+      head.row.push_back(row);
     }
   }
 }
@@ -1091,7 +1099,8 @@ cuda::RetroInferRecords CudaKvStore::retroinfer_records(int64_t layer) const {
 }
 
 void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::DecodeWindow& window,
-                              IndexList& to_index, ClusterJobs& jobs, int64_t row, cudaStream_t stream) {
+                              IndexList& to_index, std::vector<ClusterJobs>& jobs, int64_t row,
+                              cudaStream_t stream) {
   SparseKv& sp = *kv.sparse();
   std::vector<uint32_t>& groups = kv.groups();
   const int64_t heads = shape_.n_kv_heads;
@@ -1099,7 +1108,7 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
   const bool retroinfer = sp.algorithm == HostTierAlgorithm::retroinfer;
   if (retroinfer) {  // the prompt's complete pages, read from the device before they are freed
     sp.clustered_pages = pos / page_size_;
-    add_cluster_jobs(jobs, row, 0, sp.clustered_pages, retroinfer_segment_pages(),
+    add_cluster_jobs(jobs, row, 0, sp.clustered_pages,
                      [&](int64_t p, int64_t h) { return page_id(groups[static_cast<size_t>(p)], h); });
   }
   for (int64_t p = 0; p < (sp.offload() || retroinfer ? 0 : pos / page_size_); ++p) {
@@ -1110,24 +1119,30 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     }
   }
   {
+    // The prompt's groups between sinks and window leave the device. The sequence's cache and its
+    // ShadowKV factors or RetroInfer records take them first: its transition reads each layer's
+    // prompt (Index, the factorisation's keys, the k-means' scratch) before it writes that layer's
+    // factors or records. The rest go back to the pool only when the step's transitions have been
+    // launched (release_transition_groups), so no other sequence's factors or records land on a
+    // prompt not yet read; other writes come later, in the step's forward.
     std::lock_guard lock(mutex_);
+    std::vector<uint32_t> freed;
     for (int64_t p = 0; p < static_cast<int64_t>(groups.size()); ++p) {
       if (p < int64_t{window.sink_end} || p >= int64_t{window.window_start}) continue;
-      groups_.free(groups[static_cast<size_t>(p)]);
-      groups[static_cast<size_t>(p)] = kNoGroup;
+      freed.push_back(std::exchange(groups[static_cast<size_t>(p)], kNoGroup));
     }
-    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) sp.cache.push_back(groups_.alloc());
-    // ShadowKV's factors may take the prompt's freed groups: the transition reads those (Index,
-    // then each layer's keys) before it writes the factors, and every other write comes later, in
-    // the step's forward.
-    while (sp.algorithm == HostTierAlgorithm::shadowkv &&
-           static_cast<int64_t>(sp.factors.size()) < factor_groups_for(sp.factored_pages)) {
-      sp.factors.push_back(groups_.alloc());
-    }
-    // So may RetroInfer's records: its k-means reads the prompt into scratch first.
-    while (retroinfer && static_cast<int64_t>(sp.factors.size()) < record_groups_for(sp.clustered_pages)) {
-      sp.factors.push_back(groups_.alloc());
-    }
+    const auto take = [&] {
+      if (freed.empty()) return groups_.alloc();
+      const uint32_t g = freed.back();
+      freed.pop_back();
+      return g;
+    };
+    while (static_cast<int64_t>(sp.cache.size()) < sp.cache_target()) sp.cache.push_back(take());
+    const int64_t factor_groups = sp.algorithm == HostTierAlgorithm::shadowkv ? factor_groups_for(sp.factored_pages)
+                                  : retroinfer                               ? record_groups_for(sp.clustered_pages)
+                                                                             : 0;
+    while (static_cast<int64_t>(sp.factors.size()) < factor_groups) sp.factors.push_back(take());
+    transition_freed_.insert(transition_freed_.end(), freed.begin(), freed.end());
   }
   reset_cache_slots(sp.cache, stream);
   sp.decoding = true;
@@ -1205,8 +1220,15 @@ void CudaKvStore::shadowkv_factorise(const std::vector<Factorisation>& jobs, con
   }
 }
 
+void CudaKvStore::release_transition_groups() {
+  std::lock_guard lock(mutex_);
+  for (uint32_t g : transition_freed_) groups_.free(g);
+  transition_freed_.clear();
+}
+
 DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, int64_t rows, cudaStream_t stream) {
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
+  release_transition_groups();  // left by a step that failed after its transitions
   // The previous step's tables may still be on their way to the device.
   cuda_check(cudaEventSynchronize(upload_done_), "KV table upload");
   // The previous step has ended (its logits reached the host). A selection that did not fit its
@@ -1226,6 +1248,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   std::unordered_set<const CudaSequenceKv*> seen;
   int64_t n_tokens = 0, n_single = 0;
   int64_t need_main = 0, need_low = 0, need_host = 0, need_chunks = 0;
+  int64_t cluster_pages = 0, cluster_segments = 0;  // RetroInfer's k-means per KV head
   bool sparse_rows = false;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const SequenceChunk& chunk = chunks[i];
@@ -1284,6 +1307,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     if (retroinfer) {
       const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(current));
       sp->unbudgeted = int64_t{w.window_start} - std::clamp<int64_t>(clustered, w.sink_end, w.window_start);
+      const int64_t pages = clustered - (sp->decoding ? sp->clustered_pages : 0);
+      cluster_pages += pages;
+      cluster_segments += (pages + retroinfer_segment_pages() - 1) / retroinfer_segment_pages();
     }
     plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0, sp->unbudgeted);
     const sparse::DecodeWindow& w = plans[i].window;
@@ -1314,6 +1340,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
              "attention step: {} rows for {} tokens", rows, n_tokens);
   SPIN_CHECK(rows == n_tokens || n_single == n_chunks,
              "attention step: padding rows are only allowed when every chunk has one token");
+  if (cluster_pages > 0) {  // may throw: nothing changed yet
+    cluster_scratch_.reserve(cuda::retroinfer_cluster_scratch_bytes(cluster_pages, cluster_segments, static_cast<int>(ps),
+                                                                    static_cast<int>(shape_.head_dim),
+                                                                    static_cast<int>(retroinfer_slots_)),
+                             "RetroInfer k-means scratch");
+  }
   {
     std::lock_guard lock(mutex_);  // throws before anything changed
     if (need_main > 0) groups_.require(static_cast<uint64_t>(need_main));
@@ -1325,7 +1357,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
   IndexList quest_transitions, seer_transitions, shadowkv_transitions;
   std::vector<Factorisation> factorisations;
-  ClusterJobs cluster_jobs;
+  std::vector<ClusterJobs> cluster_jobs(static_cast<size_t>(heads));
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -1358,7 +1390,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     } else if (sp->algorithm == HostTierAlgorithm::retroinfer && recluster_due(*sp, pos)) {
       // The waiting complete pages, read from the host tier (most have left the device).
       const int64_t current = pos / ps;
-      add_cluster_jobs(cluster_jobs, static_cast<int64_t>(i), sp->clustered_pages, current, retroinfer_segment_pages(),
+      add_cluster_jobs(cluster_jobs, static_cast<int64_t>(i), sp->clustered_pages, current,
                        [&](int64_t p, int64_t h) { return ~page_id(sp->host[static_cast<size_t>(p)], h); });
       sp->clustered_pages = current;
       std::lock_guard lock(mutex_);
@@ -1458,8 +1490,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_summary_dir = take(room(dir_entries, decode_rows * summary_chunks_for(max_pages)));
   const int64_t at_host_groups = take(room(host_entries, decode_rows * max_pages));
   const int64_t at_cache_groups = take(room(cache_entries, decode_rows * max_cache_slots_));
-  const int64_t at_factor_dir =
-      take(room(factor_entries, shadowkv_rank_ > 0 ? decode_rows * factor_groups_for(max_pages) : 0));
+  const int64_t at_factor_dir = take(room(
+      factor_entries, decode_rows * std::max(shadowkv_rank_ > 0 ? factor_groups_for(max_pages) : 0, record_groups_for(max_pages))));
   const int64_t at_rebuild_pages = take(room(needed_entries, items * max_pages));
   const int64_t at_rebuild_logical = take(room(needed_entries, items * max_pages));
   const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
@@ -1472,10 +1504,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const int64_t at_shadowkv_transition_src = take(shadowkv_transitions_n),
                 at_shadowkv_transition_dst = take(shadowkv_transitions_n),
                 at_shadowkv_transition_score = take(shadowkv_transitions_n);
-  const auto n_jobs = static_cast<int64_t>(cluster_jobs.first_page.size());
-  const int64_t at_job_pages = take(static_cast<int64_t>(cluster_jobs.page_ids.size())),
-                at_job_page_offsets = take(n_jobs + 1), at_job_first = take(n_jobs), at_job_head = take(n_jobs),
-                at_job_dir = take(n_jobs);
+  int64_t n_jobs = 0, n_job_pages = 0;
+  for (const ClusterJobs& head : cluster_jobs) {
+    n_jobs += static_cast<int64_t>(head.first_page.size());
+    n_job_pages += static_cast<int64_t>(head.page_ids.size());
+  }
+  const int64_t at_job_pages = take(n_job_pages), at_job_page_offsets = take(n_jobs + heads),
+                at_job_first = take(n_jobs), at_job_head = take(n_jobs), at_job_dir = take(n_jobs);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
   // Buffers the kernels read; any that moves changes the epoch (the model drops its graphs).
@@ -1725,11 +1760,30 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     f.factor_at = t[at_factor_offsets + f.row];
   }
 
-  std::copy(cluster_jobs.page_ids.begin(), cluster_jobs.page_ids.end(), t + at_job_pages);
-  std::copy(cluster_jobs.page_offsets.begin(), cluster_jobs.page_offsets.end(), t + at_job_page_offsets);
-  std::copy(cluster_jobs.first_page.begin(), cluster_jobs.first_page.end(), t + at_job_first);
-  std::copy(cluster_jobs.head.begin(), cluster_jobs.head.end(), t + at_job_head);
-  for (int64_t j = 0; j < n_jobs; ++j) t[at_job_dir + j] = t[at_factor_offsets + cluster_jobs.row[static_cast<size_t>(j)]];
+  // RetroInfer's k-means jobs, one KV head after another; each head's page offsets start at 0.
+  struct HeadJobs {
+    int64_t pages_at, offsets_at, jobs_at, pages, jobs;
+  };
+  std::vector<HeadJobs> head_jobs;
+  {
+    int64_t pages_at = 0, offsets_at = 0, jobs_at = 0;
+    for (const ClusterJobs& head : cluster_jobs) {
+      const auto jobs = static_cast<int64_t>(head.first_page.size());
+      const auto pages = static_cast<int64_t>(head.page_ids.size());
+      if (jobs == 0) continue;
+      head_jobs.push_back({pages_at, offsets_at, jobs_at, pages, jobs});
+      std::copy(head.page_ids.begin(), head.page_ids.end(), t + at_job_pages + pages_at);
+      std::copy(head.page_offsets.begin(), head.page_offsets.end(), t + at_job_page_offsets + offsets_at);
+      std::copy(head.first_page.begin(), head.first_page.end(), t + at_job_first + jobs_at);
+      std::copy(head.head.begin(), head.head.end(), t + at_job_head + jobs_at);
+      for (int64_t j = 0; j < jobs; ++j) {
+        t[at_job_dir + jobs_at + j] = t[at_factor_offsets + head.row[static_cast<size_t>(j)]];
+      }
+      pages_at += pages;
+      offsets_at += jobs + 1;
+      jobs_at += jobs;
+    }
+  }
 
   int32_t rebuild_bound = 0;
   if (shadowkv_decode) {
@@ -1864,29 +1918,27 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     shadowkv_factorise(factorisations, d + at_shadowkv_transition_src, stream);
   }
-  if (n_jobs > 0) {
-    const auto total_pages = static_cast<int64_t>(cluster_jobs.page_ids.size());
-    cluster_scratch_.reserve(cuda::retroinfer_cluster_scratch_bytes(total_pages, n_jobs, static_cast<int>(ps),
-                                                                    static_cast<int>(shape_.head_dim),
-                                                                    static_cast<int>(retroinfer_slots_)),
-                             "RetroInfer k-means scratch");
-    for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+  // RetroInfer's k-means, a KV head at a time in every sparse layer (the check pass reserved the
+  // scratch of the largest head).
+  for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
+    for (const HeadJobs& head : head_jobs) {
       cuda::RetroInferClusterParams c;
       c.records = retroinfer_records(l);
       c.host_pool = host_device_ + host_layer_offset(l);
-      c.page_ids = d + at_job_pages;
-      c.page_offsets = d + at_job_page_offsets;
-      c.first_page = d + at_job_first;
-      c.head = d + at_job_head;
+      c.page_ids = d + at_job_pages + head.pages_at;
+      c.page_offsets = d + at_job_page_offsets + head.offsets_at;
+      c.first_page = d + at_job_first + head.jobs_at;
+      c.head = d + at_job_head + head.jobs_at;
       c.dir = d + at_factor_dir;
-      c.dir_offsets = d + at_job_dir;
-      c.num_jobs = static_cast<int>(n_jobs);
-      c.total_pages = static_cast<int>(total_pages);
+      c.dir_offsets = d + at_job_dir + head.jobs_at;
+      c.num_jobs = static_cast<int>(head.jobs);
+      c.total_pages = static_cast<int>(head.pages);
       c.cluster_tokens = static_cast<int>(sparse::SparseSettings{}.retroinfer_cluster_tokens);
       c.scratch = cluster_scratch_.get();
       cuda_check(cuda::retroinfer_cluster(c, stream), "RetroInfer k-means");
     }
   }
+  release_transition_groups();
   // Graphs differ by whether the host-tier write-through and each algorithm's pipeline run, and by
   // the key rebuild's grid (its bound's log2 above ShadowKV's bit, RetroInfer's above it).
   uint32_t rebuild_bits = 0;
@@ -2153,7 +2205,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       e.decode_offsets = step_.decode_offsets;
       e.num_seqs = decode_rows;
       e.group = static_cast<int>(group_size_);
-      e.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      e.scale = shape_.scale;  // the attention's, as the CPU's estimation
       e.lse = lse_.get();
       e.out = out;
       e.splits = cuda::retroinfer_estimate_splits(step_.max_clusters);

@@ -68,7 +68,8 @@ cudaError_t quest_score_pages(const QuestScoreParams& p, cudaStream_t stream);
 // among scores[i * max_candidates + j], j < end_candidate[seq] - first_candidate[seq] (ties: the
 // lower page; NaN ranks below every number), written as logical pages (first_candidate[seq] + j)
 // in ascending page order to out_pages[out_offsets[i] ..]. Requires counts[i] <= the item's
-// candidates and counts[i] <= kMaxSelectedPages.
+// candidates. Page selections stay within kMaxSelectedPages (the cache's bound); the kernel itself
+// takes any count (RetroInfer's estimation zone selects clusters past it).
 inline constexpr int kMaxSelectedPages = 2048;
 struct SelectTopParams {
   const float* scores = nullptr;
