@@ -19,15 +19,12 @@ void SparseAlgorithm::select(const SelectQuery& query, kv::LayerSelection& out, 
   const uint32_t keep = std::min(n, query.budget_pages);
   if (keep == n) return select_all(query, out);  // everything fits: no need to score
   std::vector<float> scores(n);
-  std::vector<uint32_t> order(n);
+  std::vector<uint32_t> chosen;
   for (uint32_t g = 0; g < query.num_kv_heads; ++g) {
     score_pages(query, g, scores);
-    std::iota(order.begin(), order.end(), 0u);
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(),
-                      [&](uint32_t a, uint32_t b) {
-                        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-                      });
-    std::vector<uint32_t> chosen(order.begin(), order.begin() + keep);
+    chosen.resize(n);
+    std::iota(chosen.begin(), chosen.end(), 0u);
+    keep_top(chosen, keep, [&](uint32_t i) { return scores[i]; });
     for (uint32_t& p : chosen) p += query.first_candidate;
     out.add_head(chosen);
   }

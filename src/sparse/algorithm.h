@@ -8,6 +8,7 @@
 //    window pages.
 // Offload and Retrieve belong to the system (kv::KvManager, driven by PagedSparseAttention).
 // Algorithms register by name (registry.cpp); nothing else in spin names one. See docs/sparse.md.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -93,6 +94,17 @@ struct AttendInput {
 
 // Every candidate page for every KV head (the dense baselines' Select).
 void select_all(const SelectQuery& query, kv::LayerSelection& out);
+
+// Keeps the `keep` ids (keep <= ids.size()) of highest score(id), best first, ties to the lower id:
+// the rule of every Select's top-k here (and of the GPU's select_top_pages).
+template <typename Score>
+void keep_top(std::vector<uint32_t>& ids, size_t keep, Score score) {
+  std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(keep), ids.end(), [&](uint32_t a, uint32_t b) {
+    const float sa = score(a), sb = score(b);
+    return sa > sb || (sa == sb && a < b);
+  });
+  ids.resize(keep);
+}
 
 // Exact attention of each KV head's query group over its attended pages; out: [n_heads][head_dim].
 void attend_pages(const AttendInput& in, float* out);

@@ -122,13 +122,10 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
         }
         page_score[i] = mass;
       }
-      const uint32_t keep = std::min(n, query.budget_pages);
       order.resize(n);
       std::iota(order.begin(), order.end(), 0u);
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](uint32_t a, uint32_t b) {
-        return page_score[a] > page_score[b] || (page_score[a] == page_score[b] && a < b);
-      });
-      for (uint32_t i = 0; i < keep; ++i) chosen.push_back(first + order[i]);
+      keep_top(order, std::min(n, query.budget_pages), [&](uint32_t i) { return page_score[i]; });
+      for (uint32_t i : order) chosen.push_back(first + i);
       for (uint32_t p : chosen) page_mark_[p] = 1;
       // Estimation zone: the best clusters with a token on a clustered candidate left out.
       missing.assign(n_clusters, 0);
@@ -140,11 +137,8 @@ class RetroInferAlgorithm final : public SparseAlgorithm {
       for (uint32_t c = 0; c < n_clusters; ++c) {
         if (missing[c]) zone.push_back(c);
       }
-      const auto n_estimate = std::min<size_t>(
-          zone.size(), static_cast<size_t>(std::ceil(estimate_fraction_ * n_clusters)));
-      std::partial_sort(zone.begin(), zone.begin() + static_cast<std::ptrdiff_t>(n_estimate), zone.end(),
-                        [&](uint32_t a, uint32_t b) { return total[a] > total[b] || (total[a] == total[b] && a < b); });
-      zone.resize(n_estimate);
+      keep_top(zone, std::min<size_t>(zone.size(), static_cast<size_t>(std::ceil(estimate_fraction_ * n_clusters))),
+               [&](uint32_t c) { return total[c]; });
       for (uint32_t c : zone) {
         for (uint32_t t : s.tokens[c]) budget.estimated_tokens += !attended(t / page_size_, first, end);
       }

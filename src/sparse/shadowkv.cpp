@@ -183,13 +183,8 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
       const size_t keep = std::min<size_t>(query.budget_pages, order.size());
       if (keep < order.size()) {
         chunk_scores(query, g, scores, probs);
-        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
-                          [&](uint32_t a, uint32_t b) {
-                            const float sa = scores[a - first], sb = scores[b - first];
-                            return sa > sb || (sa == sb && a < b);
-                          });
+        keep_top(order, keep, [&](uint32_t p) { return scores[p - first]; });
       }
-      order.resize(keep);
       for (uint32_t p : order)
         if (p < L.factored_pages) rebuilt_[g].push_back(p);
       std::sort(rebuilt_[g].begin(), rebuilt_[g].end());
