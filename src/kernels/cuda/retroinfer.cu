@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/cuda/block_softmax.cuh"
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/mma.cuh"
 
@@ -437,7 +438,6 @@ __device__ __forceinline__ int num_slots(const RetroInferSelectParams& p, int se
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelectParams p) {
   __shared__ float q[G][D];
-  __shared__ float warp_max[kWarps][G], warp_total[kWarps][G];
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
   const int seq = item / heads, h = item % heads;
@@ -456,47 +456,13 @@ __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelect
     const int32_t* dir = p.dir + p.dir_offsets[seq];
     const Record rec = slot_record(p.records, dir, h, c);
     const int sc = c % p.records.slots;
-    if (rec.size(sc) > 0) {
-      const uint4* row = reinterpret_cast<const uint4*>(rec.centroid(sc));
-#pragma unroll
-      for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-#pragma unroll
-      for (int v = 0; v < D / 8; ++v) {
-        const uint4 raw = row[v];
-        const bf16* xv = reinterpret_cast<const bf16*>(&raw);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float cv = __bfloat162float(xv[e]);
-#pragma unroll
-          for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], cv, dot[g]);
-        }
-      }
-    }
+    if (rec.size(sc) > 0) dot_rows<D, G>(rec.centroid(sc), q, dot);
     float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_clusters + c;
 #pragma unroll
     for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_clusters] = dot[g];
   }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float m = dot[g];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
-    float e = m == -INFINITY ? 0.0f : __expf(dot[g] - m);
-    e = warp_sum(e);
-    if (lane == 0) warp_max[warp][g] = m, warp_total[warp][g] = e;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float m = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
-    for (int w = 0; w < kWarps; ++w)
-      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
-    float* partial = p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
-                     ((static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G + threadIdx.x) * 2;
-    partial[0] = m;
-    partial[1] = sum;
-  }
+  block_softmax_partials<G, kWarps>(dot, p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
+                                              (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
 }
 
 // Pass 2, block (256 slots, item): the normalisers from every block's partials, then the totals.
@@ -510,15 +476,10 @@ __global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelect
   const int c0 = static_cast<int>(blockIdx.x) * kThreads;
   if (c0 >= n) return;  // whole block
   if (threadIdx.x < G) {
-    const int blocks = (n + kThreads - 1) / kThreads;
     const float* partial = p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
                            static_cast<int64_t>(item) * gridDim.x * G * 2 + threadIdx.x * 2;
-    float m = -INFINITY, sum = 0.0f;
-    for (int b = 0; b < blocks; ++b) m = fmaxf(m, partial[b * G * 2]);
-    for (int b = 0; b < blocks; ++b)
-      if (partial[b * G * 2] != -INFINITY) sum += partial[b * G * 2 + 1] * __expf(partial[b * G * 2] - m);
-    norm_max[threadIdx.x] = m;
-    norm_scale[threadIdx.x] = sum > 0.0f ? 1.0f / sum : 0.0f;
+    merge_softmax_partials(partial, (n + kThreads - 1) / kThreads, G * 2, norm_max[threadIdx.x],
+                           norm_scale[threadIdx.x]);
   }
   __syncthreads();
   const int c = c0 + static_cast<int>(threadIdx.x);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "kernels/cuda/block_softmax.cuh"
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
 
@@ -116,7 +117,6 @@ __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScoreParams p) {
   __shared__ float q[G][D];
-  __shared__ float warp_max[kWarps][G], warp_total[kWarps][G];
   const int item = blockIdx.y;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
   const int first = p.first_candidate[seq] + static_cast<int>(blockIdx.x) * kThreads;
@@ -131,49 +131,13 @@ __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScore
   for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
   if (page < end) {
     const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
-    const uint4* row = reinterpret_cast<const uint4*>(p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D);
-#pragma unroll
-    for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-#pragma unroll
-    for (int v = 0; v < D / 8; ++v) {
-      const uint4 raw = __ldg(row + v);
-      const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float lm = __bfloat162float(x[e]);
-#pragma unroll
-        for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], lm, dot[g]);
-      }
-    }
+    dot_rows<D, G>(p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D, q, dot);
     float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page - p.first_candidate[seq]);
 #pragma unroll
     for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_candidates] = dot[g];
   }
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-#pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float m = dot[g];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
-    float e = m == -INFINITY ? 0.0f : __expf(dot[g] - m);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) e += __shfl_xor_sync(kFull, e, offset);
-    if (lane == 0) {
-      warp_max[warp][g] = m;
-      warp_total[warp][g] = e;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float m = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
-    for (int w = 0; w < kWarps; ++w)
-      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
-    float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
-                     ((static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G + threadIdx.x) * 2;
-    partial[0] = m;
-    partial[1] = sum;
-  }
+  block_softmax_partials<G, kWarps>(dot, p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
+                                              (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
 }
 
 // Pass 2, block (chunk, item): the softmax normalisers from every chunk's partials, then each
@@ -188,14 +152,10 @@ __global__ void __launch_bounds__(kThreads) shadowkv_probs_kernel(ShadowKvScoreP
   const int page = first + static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
   if (end <= first + static_cast<int>(blockIdx.x) * kThreads) return;  // whole block
   if (threadIdx.x < G) {
-    const int chunks = (end - first + kThreads - 1) / kThreads;
     const float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
                            static_cast<int64_t>(item) * gridDim.x * G * 2 + threadIdx.x * 2;
-    float m = -INFINITY, sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) m = fmaxf(m, partial[c * G * 2]);
-    for (int c = 0; c < chunks; ++c) sum += partial[c * G * 2 + 1] * __expf(partial[c * G * 2] - m);
-    norm_max[threadIdx.x] = m;
-    norm_scale[threadIdx.x] = 1.0f / sum;
+    merge_softmax_partials(partial, (end - first + kThreads - 1) / kThreads, G * 2, norm_max[threadIdx.x],
+                           norm_scale[threadIdx.x]);
   }
   __syncthreads();
   if (page >= end) return;

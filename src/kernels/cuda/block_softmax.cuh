@@ -1,0 +1,73 @@
+#pragma once
+// Softmax over many candidates in two passes, for score kernels whose blocks each take a chunk of
+// the candidates (a thread per candidate) for the G query heads of one KV head: pass 1 writes each
+// block's (max, sum of exp) per head, pass 2 merges an item's blocks into the normalisers. Used by
+// ShadowKV's chunk scores and RetroInfer's cluster scores.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace spin::cuda {
+
+// The dot products of a bf16 row of D values (16-byte aligned, read-only during the kernel) with
+// each of the G query rows (fp32 sums in dimension order).
+template <int D, int G>
+__device__ __forceinline__ void dot_rows(const __nv_bfloat16* row, const float (&q)[G][D], float (&dot)[G]) {
+  const uint4* vectors = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+#pragma unroll
+  for (int v = 0; v < D / 8; ++v) {
+    const uint4 raw = __ldg(vectors + v);
+    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float value = __bfloat162float(x[e]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], value, dot[g]);
+    }
+  }
+}
+
+// Pass 1, called by every thread of the block: x[g] is the thread's value for head g (-inf for
+// none); thread g < G writes the block's max and sum of exp(x - max) of head g to partial[2 g] and
+// partial[2 g + 1] (max -inf and sum 0 when no thread has a value).
+template <int G, int Warps>
+__device__ __forceinline__ void block_softmax_partials(const float (&x)[G], float* partial) {
+  __shared__ float warp_max[Warps][G], warp_total[Warps][G];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float m = x[g];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+    float e = m == -INFINITY ? 0.0f : __expf(x[g] - m);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) e += __shfl_xor_sync(0xffffffffu, e, offset);
+    if (lane == 0) warp_max[warp][g] = m, warp_total[warp][g] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < Warps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
+    for (int w = 0; w < Warps; ++w)
+      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
+    partial[2 * threadIdx.x] = m;
+    partial[2 * threadIdx.x + 1] = sum;
+  }
+}
+
+// Pass 2, one thread per head: the max and 1 / sum of exp over `blocks` partials of the head,
+// block b's at partial[b * stride] (max) and partial[b * stride + 1] (sum). A block with no value
+// adds nothing; with none at all the scale is 0.
+__device__ __forceinline__ void merge_softmax_partials(const float* partial, int blocks, int64_t stride, float& max,
+                                                       float& scale) {
+  float m = -INFINITY, sum = 0.0f;
+  for (int b = 0; b < blocks; ++b) m = fmaxf(m, partial[b * stride]);
+  for (int b = 0; b < blocks; ++b)
+    if (partial[b * stride] != -INFINITY) sum += partial[b * stride + 1] * __expf(partial[b * stride] - m);
+  max = m;
+  scale = sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
+}  // namespace spin::cuda
