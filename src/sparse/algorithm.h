@@ -49,12 +49,11 @@ struct IndexInput {
   // Values of the same page (RetroInfer's value sums).
   std::function<const float*(uint32_t kv_head, uint32_t page)> page_values = nullptr;
   const RopeTable* rope = nullptr;  // the model's RoPE (null if the caller did not pass it)
-  // The prompt's index at the end of prefill (a prompt with no complete page has none: its first
-  // Index is a decode step's).
+  // The prompt's Index at the end of prefill (a prompt with no complete page has none: its first
+  // Index is a decode step's), and the pages that are Select candidates at the first decode step
+  // (outside sinks and window; 0 and 0 at later calls). They stay candidates for good, so what an
+  // algorithm keeps among them (ShadowKV's outlier chunks) is always selectable.
   bool prompt = false;
-  // The prompt's index at the end of prefill: the pages that are Select candidates at the first
-  // decode step (outside sinks and window; 0 and 0 at later calls). They stay candidates for good,
-  // so what an algorithm keeps among them (ShadowKV's outlier chunks) is always selectable.
   uint32_t first_candidate = 0;
   uint32_t end_candidate = 0;
 };

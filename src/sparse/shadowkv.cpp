@@ -146,7 +146,7 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
       // Outliers come from the prompt only: decode pages sit in the window when they are new.
       L.outlier.resize(num_kv_heads_);
       L.outlier[g].resize(in.end_page, 0);
-      if (in.first_page == 0) {
+      if (in.prompt) {
         std::erase_if(min_cos, [&](const auto& c) {
           return c.second < in.first_candidate || c.second >= in.end_candidate;
         });

@@ -79,10 +79,11 @@ TEST(SparseShadowKv, SelectMatchesBruteForce) {
     spin::sparse::IndexInput in{.layer = l, .first_page = 0, .end_page = 30,
                                 .page_keys = [&](uint32_t g, uint32_t p) { return at(keys, g, p); },
                                 .page_keys_pre_rope = [&](uint32_t g, uint32_t p) { return at(pre, g, p); },
-                                .first_candidate = 1, .end_candidate = 26};
+                                .prompt = true, .first_candidate = 1, .end_candidate = 26};
     algo->index(in);
     in.first_page = 30;
     in.end_page = pages;
+    in.prompt = false;
     in.first_candidate = in.end_candidate = 0;
     algo->index(in);
   }

@@ -1300,31 +1300,28 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     // RetroInfer's pages clustered once this step's Index ran: the prompt's at the first decode
     // step, later the waiting ones when they make a segment. The candidates past them are selected
     // beyond the budget.
-    const int64_t clustered = !retroinfer       ? 0
-                              : !sp->decoding   ? current
-                              : recluster_due(*sp, chunk.pos0) ? current
-                                                               : sp->clustered_pages;
     if (retroinfer) {
+      const int64_t clustered =
+          !sp->decoding || recluster_due(*sp, chunk.pos0) ? current : sp->clustered_pages;
       const sparse::DecodeWindow w = sp->settings.decode_window(static_cast<uint32_t>(current));
       sp->unbudgeted = int64_t{w.window_start} - std::clamp<int64_t>(clustered, w.sink_end, w.window_start);
       const int64_t pages = clustered - (sp->decoding ? sp->clustered_pages : 0);
       cluster_pages += pages;
       cluster_segments += (pages + retroinfer_segment_pages() - 1) / retroinfer_segment_pages();
+      // A new segment's records (the first step's are counted with its cache below).
+      if (sp->decoding) need_main += record_groups_for(clustered) - static_cast<int64_t>(sp->factors.size());
     }
     plans[i] = plan_decode(sp->settings, sp->offload(), chunk.pos0, sp->unbudgeted);
     const sparse::DecodeWindow& w = plans[i].window;
     if (!sp->decoding) {
       int64_t kept = 0;
       for (int64_t p = 0; p < held; ++p) kept += p < int64_t{w.sink_end} || p >= int64_t{w.window_start};
-      // Another sequence's allocation may come before this one's pages are freed.
+      // Its cache and factors or records take its freed prompt groups first (end_prefill).
       const int64_t taken = sp->cache_target() + (shadowkv     ? factor_groups_for(current)
                                                    : retroinfer ? record_groups_for(current)
                                                                 : 0);
       need_main += std::max<int64_t>(0, taken - (held - kept)) + (new_page ? 1 : 0);
-    } else if (retroinfer) {
-      need_main += record_groups_for(clustered) - static_cast<int64_t>(sp->factors.size());
-    }
-    if (sp->decoding && new_page) {
+    } else if (new_page) {
       const int64_t leaving = int64_t{w.window_start} - 1;
       const bool recycled =
           leaving >= int64_t{w.sink_end} && leaving < held && kv->groups()[static_cast<size_t>(leaving)] != kNoGroup;
