@@ -225,12 +225,12 @@ inline std::vector<EngineRun> run_engine(ForwardModel& model, std::unique_ptr<At
                                          const std::vector<std::vector<int32_t>>& prompts,
                                          const std::vector<int64_t>& max_tokens, int64_t* preempted = nullptr,
                                          const std::vector<AttentionSettings>& attention = {},
-                                         KvStoreUsage* usage = nullptr) {
+                                         KvStoreUsage* usage = nullptr, int64_t max_model_len = 512) {
   const AttentionFactory* store = factory.get();
   EngineConfig config;
   config.max_num_seqs = 8;
   config.max_num_batched_tokens = 48;  // long prompts are prefilled in chunks beside decodes
-  config.max_model_len = 512;
+  config.max_model_len = max_model_len;
   Engine engine(model, nullptr, config, std::move(factory));
   std::vector<EngineRun> out;
   add_greedy_requests(engine, prompts, max_tokens, attention, out);

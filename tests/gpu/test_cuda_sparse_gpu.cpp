@@ -91,6 +91,20 @@ class CudaSparseTest : public GpuTest {
     EXPECT_EQ(usage.device_pages_used, 0) << "finished requests must give back their device pages";
   }
 
+  // With a budget of the whole context (prompts of 150, 263, 40 and 300 tokens), `attention` gives
+  // dense's tokens; the first decode step of each request fetched every candidate page of both
+  // sparse layers from the host tier, later steps found them in the cache.
+  void expect_full_budget_gives_dense(const AttentionSettings& attention, uint64_t weight_seed, KvStoreUsage& usage,
+                                      uint32_t shadowkv_rank = 0) {
+    const ModelConfig c = four_layer_config();
+    const ModelWeights w = wide_margin_weights(c, weight_seed);
+    CudaModel model(w, CudaModelOptions{});
+    const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
+    ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, attention, usage, shadowkv_rank));
+    EXPECT_GT(usage.misses, 0u);
+    EXPECT_GT(usage.hits, usage.misses);
+  }
+
   // Each request with `settings` gets the same tokens alone as batched with the others, a rerun is
   // bit-identical, the outputs move away from dense's, and the cache both misses and hits.
   void expect_batch_invariant(CudaModel& model, const ModelConfig& c, const std::vector<std::vector<int32_t>>& prompts,
@@ -217,53 +231,27 @@ class CudaSparseTest : public GpuTest {
 };
 
 TEST_F(CudaSparseTest, QuestSelectingEveryPageEqualsDense) {
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 31);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
   KvStoreUsage usage;
-  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, quest(0, 1.0), usage));
-  // The first decode step of each request fetched every candidate page of both sparse layers from
-  // the host tier; later steps found them in the cache.
-  EXPECT_GT(usage.misses, 0u);
-  EXPECT_GT(usage.hits, usage.misses);
+  expect_full_budget_gives_dense(quest(0, 1.0), 31, usage);
 }
 
 TEST_F(CudaSparseTest, SeerSelectingEveryPageEqualsDense) {
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 37);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
   KvStoreUsage usage;
-  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, seer(0, 1.0), usage));
-  EXPECT_GT(usage.misses, 0u);
-  EXPECT_GT(usage.hits, usage.misses);
+  expect_full_budget_gives_dense(seer(0, 1.0), 37, usage);
 }
 
 TEST_F(CudaSparseTest, ShadowKvAtFullRankSelectingEveryPageEqualsDense) {
   const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 41);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
-  KvStoreUsage usage;
   const auto full_rank = static_cast<uint32_t>(c.n_kv_heads * c.head_dim);
-  ASSERT_NO_FATAL_FAILURE(
-      expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, shadowkv(0, 1.0), usage, full_rank));
-  EXPECT_GT(usage.misses, 0u);
-  EXPECT_GT(usage.hits, usage.misses);
+  KvStoreUsage usage;
+  ASSERT_NO_FATAL_FAILURE(expect_full_budget_gives_dense(shadowkv(0, 1.0), 41, usage, full_rank));
   // The prompt pages' misses fetched their values only (the keys were rebuilt from the factors).
   EXPECT_LT(usage.retrieve_bytes, usage.misses * static_cast<uint64_t>(usage.page_bytes));
 }
 
 TEST_F(CudaSparseTest, RetroInferSelectingEveryPageEqualsDense) {
-  const ModelConfig c = four_layer_config();
-  const ModelWeights w = wide_margin_weights(c, 43);
-  CudaModel model(w, CudaModelOptions{});
-  const auto prompts = random_prompts(rng, c.vocab_size, {150, 263, 40, 300});
   KvStoreUsage usage;
-  ASSERT_NO_FATAL_FAILURE(expect_dense_tokens(model, c, prompts, {40, 36, 30, 44}, retroinfer(0, 1.0), usage));
-  EXPECT_GT(usage.misses, 0u);
-  EXPECT_GT(usage.hits, usage.misses);
+  expect_full_budget_gives_dense(retroinfer(0, 1.0), 43, usage);
 }
 
 TEST_F(CudaSparseTest, RetroInferReclusteringDecodePagesKeepsDenseTokensAtFullBudget) {
@@ -280,18 +268,8 @@ TEST_F(CudaSparseTest, RetroInferReclusteringDecodePagesKeepsDenseTokensAtFullBu
     CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 4 * kLong), 8, kLong);
     kv.host_pages = pages_for(c, kPage, 4 * kLong);
     kv.rope = make_rope_table(c.rope, c.head_dim);
-    auto factory = std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
-    const AttentionFactory* store = factory.get();
-    EngineConfig config;
-    config.max_num_seqs = 8;
-    config.max_num_batched_tokens = 48;
-    config.max_model_len = kLong;
-    Engine engine(model, nullptr, config, std::move(factory));
-    std::vector<EngineRun> out;
-    add_greedy_requests(engine, prompts, max_tokens, {attention, attention}, out);
-    while (engine.has_work()) engine.step();
-    if (usage) *usage = store->usage().value_or(KvStoreUsage{});
-    return out;
+    return run_engine(model, std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv), prompts,
+                      max_tokens, nullptr, {attention, attention}, usage, kLong);
   };
   const auto dense = run(AttentionSettings{}, nullptr);
   KvStoreUsage usage;

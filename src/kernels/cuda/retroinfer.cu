@@ -40,6 +40,16 @@ constexpr int kLoadTokens = 256;  // tokens per block of the load and centring k
 constexpr int kLoadChunks = kRetroInferMaxSegmentTokens / kLoadTokens;
 static_assert((1 << kTokenBits) == kRetroInferMaxSegmentTokens, "sort keys pack a segment's token index");
 
+// Where `value` is in the ascending list[0, n), or -1.
+__device__ __forceinline__ int find_sorted(const int32_t* list, int n, int value) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (list[mid] < value) lo = mid + 1; else hi = mid;
+  }
+  return lo < n && list[lo] == value ? lo : -1;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
@@ -531,13 +541,7 @@ __global__ void __launch_bounds__(kThreads) retro_zone_flags_kernel(RetroInferSe
   const int first = p.first_candidate[seq];
   const int page = first + static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
   if (page >= min(p.end_candidate[seq], p.clustered_pages[seq])) return;
-  const int32_t* selected = p.selected + p.selected_offsets[item];
-  int lo = 0, hi = p.selected_counts[item];
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (selected[mid] < page) lo = mid + 1; else hi = mid;
-  }
-  if (lo < p.selected_counts[item] && selected[lo] == page) return;
+  if (find_sorted(p.selected + p.selected_offsets[item], p.selected_counts[item], page) >= 0) return;
   const Record rec = record_of(p.records, p.dir + p.dir_offsets[seq], h, page);
   uint8_t* flags = p.zone_flags + static_cast<int64_t>(item) * p.max_clusters;
   for (int t = 0; t < p.records.page_size; ++t) flags[rec.cluster(t)] = 1;
@@ -626,13 +630,8 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
           at = page;
         } else if (page >= end) {
           at = first + k + (page - end);
-        } else {
-          int lo = 0, hi = k;
-          while (lo < hi) {
-            const int mid = (lo + hi) / 2;
-            if (selected[mid] < page) lo = mid + 1; else hi = mid;
-          }
-          if (lo < k && selected[lo] == page) at = first + lo;
+        } else if (const int j = find_sorted(selected, k, page); j >= 0) {
+          at = first + j;
         }
       }
       unsigned attended = __ballot_sync(kFull, at >= 0);
