@@ -215,8 +215,10 @@ constexpr int64_t kKeyTile = 256;    // keys per score tile: S, K and V tiles st
 
 // Every product has the same shape, kQueryRows x kKeyTile x head_dim (tiles padded with zero
 // rows), because OpenBLAS picks its kernels by shape and kernels for different shapes round
-// differently: this way a query row's result depends on its own keys only, not on how the
-// prompt was split into chunks or the chunk into tiles.
+// differently. Tiles are also aligned to absolute positions, so a token's rows sit at the same
+// row of every product however the prompt was split into chunks: some OpenBLAS kernels (AVX2)
+// round the rows of one product differently by their place in it. A query row's result then
+// depends on its own keys only.
 struct TileScratch {
   std::vector<float> q, o, s, row_max, row_sum, k_pad, v_pad;
   explicit TileScratch(int64_t head_dim)
@@ -229,20 +231,22 @@ struct TileScratch {
         v_pad(k_pad.size()) {}
 };
 
-// Query tokens [t0, t1) of KV head g: rows r = (token - t0) * group + head in the group.
-void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g,
+// Query tokens [t0, t1) of KV head g, whose tile starts `lead` tokens before t0: rows
+// r = (token - t0 + lead) * group + head in the group; the first lead * group rows are padding.
+void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t lead, int64_t g,
                  const KvHeadRows& kv, const CausalShape& shape, float* out, TileScratch& w) {
   const int64_t hd = shape.head_dim;
   const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const int64_t rows = (t1 - t0) * group;
+  const int64_t first_row = lead * group;
+  const int64_t rows = first_row + (t1 - t0) * group;
   const int64_t token_width = group * hd;  // one token's query rows of the group are adjacent
-  for (int64_t i = t0; i < t1; ++i) {
-    std::memcpy(&w.q[(i - t0) * token_width], q + (i * shape.n_heads + g * group) * hd,
-                sizeof(float) * token_width);
-  }
   // Zero padding rows score 0 against every key, so their probabilities (left unnormalised)
   // are 0 and their outputs stay 0.
-  std::fill(w.q.begin() + rows * hd, w.q.end(), 0.0f);
+  std::fill(w.q.begin(), w.q.end(), 0.0f);
+  for (int64_t i = t0; i < t1; ++i) {
+    std::memcpy(&w.q[first_row * hd + (i - t0) * token_width], q + (i * shape.n_heads + g * group) * hd,
+                sizeof(float) * token_width);
+  }
   std::fill(w.o.begin(), w.o.end(), 0.0f);
   std::fill_n(w.row_max.begin(), rows, -kInf);
   std::fill_n(w.row_sum.begin(), rows, 0.0f);
@@ -267,9 +271,9 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
                 static_cast<blasint>(kKeyTile));
     // Online softmax: row r (token t0 + r / group) sees keys up to its position; the first key
     // tile holds key 0, which every row sees, so a row's maximum is finite from there on.
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = first_row; r < rows; ++r) {
       float* sr = s + r * kKeyTile;
-      const int64_t visible = std::clamp<int64_t>(pos0 + t0 + r / group + 1 - j0, 0, kKeyTile);
+      const int64_t visible = std::clamp<int64_t>(pos0 + t0 + (r - first_row) / group + 1 - j0, 0, kKeyTile);
       if (visible > 0) {
         const float old_max = w.row_max[r];
         const float new_max = std::max(old_max, max_of(sr, visible));
@@ -290,8 +294,8 @@ void attend_tile(const float* q, int64_t pos0, int64_t t0, int64_t t1, int64_t g
                 static_cast<blasint>(kKeyTile), v, static_cast<blasint>(hd), 1.0f, o,
                 static_cast<blasint>(hd));
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = t0 + r / group;
+  for (int64_t r = first_row; r < rows; ++r) {
+    const int64_t i = t0 + (r - first_row) / group;
     float* dst = out + (i * shape.n_heads + g * group + r % group) * hd;
     const float inv = 1.0f / w.row_sum[r];
     for (int64_t d = 0; d < hd; ++d) dst[d] = o[r * hd + d] * inv;
@@ -340,18 +344,20 @@ void attend_causal(const float* q, int64_t n_tokens, int64_t pos0,
   const int64_t tile_tokens = std::max<int64_t>(1, kQueryRows / group);
   SPIN_CHECK(tile_tokens * group <= kQueryRows, "causal attention: GQA groups of {} heads exceed "
              "the {} query rows of a tile", group, kQueryRows);
-  const int64_t n_tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
+  // Tiles of absolute positions [k * tile_tokens, (k + 1) * tile_tokens).
+  const int64_t first_tile = pos0 / tile_tokens;
+  const int64_t n_tiles = (pos0 + n_tokens - 1) / tile_tokens - first_tile + 1;
 #pragma omp parallel
   {
     TileScratch scratch(shape.head_dim);
     // Later tiles see more keys: hand them out first so the threads finish together.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < n_tiles * n_kv; ++task) {
-      const int64_t tile = n_tiles - 1 - task / n_kv;
+      const int64_t tile_start = (first_tile + n_tiles - 1 - task / n_kv) * tile_tokens;
       const int64_t g = task % n_kv;
-      const int64_t t0 = tile * tile_tokens;
-      attend_tile(q, pos0, t0, std::min(n_tokens, t0 + tile_tokens), g, heads[g], shape, out,
-                  scratch);
+      const int64_t t0 = std::max(tile_start, pos0) - pos0;
+      const int64_t t1 = std::min(tile_start + tile_tokens, pos0 + n_tokens) - pos0;
+      attend_tile(q, pos0, t0, t1, pos0 + t0 - tile_start, g, heads[g], shape, out, scratch);
     }
   }
 }
