@@ -24,6 +24,8 @@
 //   the attention kernel (counted in the table's retrieved bytes). On one GPU, the sparse ones add
 //   a second table: where a step's time goes (phases timed by events over 12 eager steps) and the
 //   step against the ideal envelope (Belady's fetches over the same selections and cache slots).
+//   --seer-gate FILE|random: seer with a trained gate (`random`: weights of the model's shape drawn
+//   here, for timing).
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
@@ -84,6 +86,7 @@ struct BenchArgs {
   std::string sparse_algorithm = "dense";
   int64_t sparse_budget = 0;  // tokens per KV head; 0: the algorithm's default
   int64_t block_size = 16;    // cuda: tokens per KV page (ShadowKV's chunk is 8)
+  std::string seer_gate;      // cuda: seer's trained gate file, `random`, or empty (training-free)
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -305,6 +308,29 @@ double host_to_device_bandwidth(int repeats) {
   return rate;
 }
 
+// --seer-gate for the whole model: the file's, or `random` (scaled so a gate output has the
+// spread of one input row), or null.
+std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, const spin::ModelConfig& c) {
+  const spin::AttentionShape shape{.n_layers = c.n_layers, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads,
+                                   .head_dim = c.head_dim};
+  if (a.seer_gate.empty()) return nullptr;
+  if (a.seer_gate != "random") return spin::sparse::load_seer_gate(a.seer_gate, shape);
+  auto gate = std::make_shared<spin::sparse::SeerGate>();
+  gate->n_layers = static_cast<uint32_t>(c.n_layers);
+  gate->n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
+  gate->group = static_cast<uint32_t>(c.n_heads / c.n_kv_heads);
+  gate->head_dim = static_cast<uint32_t>(c.head_dim);
+  std::mt19937 rng(7);
+  const auto fill = [&](std::vector<float>& w, size_t rows) {
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(rows)));
+    w.resize(size_t{gate->n_layers} * gate->n_kv_heads * rows * gate->head_dim);
+    for (float& x : w) x = normal(rng);
+  };
+  fill(gate->k, size_t{3} * gate->head_dim);
+  fill(gate->q, size_t{gate->group} * gate->head_dim);
+  return gate;
+}
+
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load{a.model, a.load_format, 0};
   load.dummy_weights_on_host = false;
@@ -352,6 +378,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.max_context = max_context;
   kv_config.rope = spin::make_rope_table(c.rope, c.head_dim);
   kv_config.page_size = a.block_size;
+  kv_config.seer_gate = seer_gate(a, c);
   if (sparse) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
@@ -397,7 +424,8 @@ void run_cuda(const BenchArgs& a) {
               static_cast<long long>(pool_tokens));
   std::printf("| device copy bandwidth (read + write, 1 GiB cudaMemcpy, median of 9) | %.0f GB/s |\n", bandwidth / 1e9);
   if (sparse) {
-    std::printf("| attention | %s, budget %lld tokens per KV head (0: its default) |\n", a.sparse_algorithm.c_str(),
+    std::printf("| attention | %s%s, budget %lld tokens per KV head (0: its default) |\n", a.sparse_algorithm.c_str(),
+                a.seer_gate.empty() ? "" : (" (trained gate: " + a.seer_gate + ")").c_str(),
                 static_cast<long long>(a.sparse_budget));
     std::printf("| host to device bandwidth (256 MiB pinned cudaMemcpy, median of 5) | %.1f GB/s |\n",
                 link_bandwidth / 1e9);
@@ -640,6 +668,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sparse-budget", a.sparse_budget, "cuda: tokens selected per KV head (0: the algorithm's default)")
       ->capture_default_str();
+  app.add_option("--seer-gate", a.seer_gate,
+                 "cuda, seer: trained gate weights (safetensors), or `random` for the model's shape (default: the "
+                 "training-free gate)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -651,6 +682,7 @@ int main(int argc, char** argv) {
     for (int64_t v : a.batches) SPIN_CHECK(v > 0 && v <= 4096, "--batch sizes must be in 1..4096, got {}", v);
     SPIN_CHECK(a.sparse_budget >= 0, "--sparse-budget must be >= 0, got {}", a.sparse_budget);
     SPIN_CHECK(a.sparse_algorithm == "dense" || a.device == "cuda", "--sparse-algorithm needs --device cuda");
+    SPIN_CHECK(a.seer_gate.empty() || a.sparse_algorithm == "seer", "--seer-gate needs --sparse-algorithm seer");
     SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
                "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
                a.tensor_parallel_size);

@@ -59,20 +59,32 @@ int cuda_device_count() {
 #endif
 }
 
-Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineConfig& engine) {
+// --seer-gate, read for the model's whole attention shape; null without the flag.
+using SeerGatePtr = std::shared_ptr<const sparse::SeerGate>;
+
+SeerGatePtr seer_gate(const BackendOptions& options, const ModelConfig& config) {
+  if (options.seer_gate.empty()) return nullptr;
+  const AttentionShape shape{.n_layers = config.n_layers, .n_heads = config.n_heads, .n_kv_heads = config.n_kv_heads,
+                             .head_dim = config.head_dim};
+  return sparse::load_seer_gate(options.seer_gate, shape);
+}
+
+Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineConfig& engine, const SeerGatePtr& gate) {
   const int world = options.tensor_parallel_size;
   if (world > 1) {
     // Sized for the whole model, then split: each rank's store holds its KV heads' pages.
     PagedStoreConfig kv;
     TensorParallel tp = make_tensor_parallel(
         b.model->weights, world,
-        [&](int, const AttentionShape& rank_shape) {
+        [&](int rank, const AttentionShape& rank_shape) {
           AttentionShape full = rank_shape;
           full.n_heads *= world;
           full.n_kv_heads *= world;
           kv = cpu_paged_store(options.kv, full, engine, options.sparse_default);
           kv.device_pages = std::max<int64_t>(1, kv.device_pages / world);
           kv.host_pages = std::max<int64_t>(1, kv.host_pages / world);
+          const auto heads = static_cast<uint32_t>(rank_shape.n_kv_heads);
+          kv.seer_gate = sparse::seer_gate_heads(gate, static_cast<uint32_t>(rank) * heads, heads);
           return make_paged_attention_factory(rank_shape, kv);
         },
         engine.threads);
@@ -85,7 +97,8 @@ Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineC
     return b;
   }
   auto transformer = std::make_unique<Transformer>(b.model->weights);
-  const PagedStoreConfig kv = cpu_paged_store(options.kv, transformer->attention_shape(), engine, options.sparse_default);
+  PagedStoreConfig kv = cpu_paged_store(options.kv, transformer->attention_shape(), engine, options.sparse_default);
+  kv.seer_gate = gate;
   b.attention = make_paged_attention_factory(transformer->attention_shape(), kv);
   b.forward = std::move(transformer);
   b.description = fmt::format("device cpu (fp32); paged KV store: {} device pages, {} host pages of {} tokens, buffer {}x",
@@ -97,7 +110,8 @@ Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineC
 // --tensor-parallel-size N > 1 on GPUs 0..N-1: a CudaModel per rank over its shard, NCCL between
 // them, and a device KV store per rank for its KV heads (equal pools on every GPU).
 Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, const BackendOptions& options,
-                                          const EngineConfig& engine, const CudaModelOptions& model_options) {
+                                          const EngineConfig& engine, const CudaModelOptions& model_options,
+                                          const SeerGatePtr& gate) {
   const int world = options.tensor_parallel_size;
   const ModelConfig config = b.model->weights.config;
   CudaTensorParallel tp = make_cuda_tensor_parallel_model(load.load_format == "dummy" ? nullptr : &b.model->weights,
@@ -114,6 +128,7 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;
   kv.rope = make_rope_table(config.rope, config.head_dim);
+  kv.seer_gate = gate;
   std::vector<std::unique_ptr<CudaPagedAttentionFactory>> rank_factories =
       make_cuda_rank_factories(tp.model->rank_attention_shape(), kv, world);
   const int64_t rank_pages = rank_factories.front()->capacity().device_pages;
@@ -135,13 +150,13 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
 }
 
 Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptions& options,
-                          const EngineConfig& engine) {
+                          const EngineConfig& engine, const SeerGatePtr& gate) {
   CudaModelOptions model_options;
   model_options.cuda_graphs = options.cuda_graphs;
   model_options.max_batch_tokens = engine.max_num_batched_tokens;
   model_options.max_sequences = engine.max_num_seqs;
   if (options.tensor_parallel_size > 1) {
-    return make_cuda_tensor_parallel_backend(std::move(b), load, options, engine, model_options);
+    return make_cuda_tensor_parallel_backend(std::move(b), load, options, engine, model_options, gate);
   }
   std::unique_ptr<CudaModel> model;
   if (load.load_format == "dummy") {
@@ -162,6 +177,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
   kv.max_batch = engine.max_num_seqs;
   kv.max_context = engine.max_model_len;
   kv.rope = make_rope_table(model->config().rope, model->config().head_dim);
+  kv.seer_gate = gate;
   auto factory = std::make_unique<CudaPagedAttentionFactory>(model->attention_shape(), kv);
   const KvDemand capacity = factory->capacity();
   cudaDeviceProp prop{};
@@ -213,10 +229,12 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
   EngineConfig engine = engine_flags;
   if (engine.max_model_len == 0) engine.max_model_len = b.model->weights.config.max_position;
+  // Before the weights go to a GPU: a bad gate file fails fast.
+  const SeerGatePtr gate = seer_gate(options, b.model->weights.config);
 #ifdef SPIN_WITH_CUDA
-  if (b.device == "cuda") return make_cuda_backend(std::move(b), load, options, engine);
+  if (b.device == "cuda") return make_cuda_backend(std::move(b), load, options, engine, gate);
 #endif
-  return make_cpu_backend(std::move(b), options, engine);
+  return make_cpu_backend(std::move(b), options, engine, gate);
 }
 
 }  // namespace spin::cli

@@ -23,6 +23,7 @@ struct BackendOptions {
   // of this process, CUDA: GPUs 0..N-1, one rank each, joined by NCCL.
   int tensor_parallel_size = 1;
   PagedStoreConfig kv;                  // page size and pool sizes (0 pages: from memory)
+  std::string seer_gate;                // --seer-gate: Seer's trained gate (safetensors); empty: training-free
   // The server's default attention is sparse: the CPU store is sized for it, and `auto` stays on
   // the CPU (sparse algorithms do not run on the GPU yet).
   bool sparse_default = false;

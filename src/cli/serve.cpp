@@ -171,6 +171,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-buffer-factor", args->backend.kv.buffer_factor,
                   "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
       ->capture_default_str();
+  cmd->add_option("--seer-gate", args->backend.seer_gate,
+                  "seer: trained gate weights (safetensors, layers.{l}.seer.k_gate / q_gate per layer) for every seer "
+                  "request; default: the training-free gate");
   cmd->add_flag("--elastic-kv-buffers,!--no-elastic-kv-buffers", args->engine.elastic_kv_buffers,
                 "paged KV store: grow buffers into free device pages and shrink them to admit requests (default "
                 "on); off: each request keeps its largest buffer from admission on (an ablation)");

@@ -50,7 +50,7 @@ uint32_t checked_pages(const char* flag, int64_t pages) {
 class PagedAttentionFactory final : public AttentionFactory {
  public:
   PagedAttentionFactory(const AttentionShape& shape, const PagedStoreConfig& c)
-      : shape_(shape), buffer_factor_(c.buffer_factor) {
+      : shape_(shape), buffer_factor_(c.buffer_factor), seer_gate_(c.seer_gate) {
     SPIN_CHECK(std::isfinite(c.buffer_factor) && c.buffer_factor >= 0.0 && c.buffer_factor <= 64.0,
                "the KV buffer factor must be in [0, 64], got {}", c.buffer_factor);
     SPIN_CHECK(c.max_batch > 0 && c.max_batch <= 65536, "paged KV store: max batch {} outside 1..65536",
@@ -85,8 +85,7 @@ class PagedAttentionFactory final : public AttentionFactory {
     if (settings.algorithm == "dense") return contiguous_->create(settings, max_tokens);
     SPIN_CHECK(max_tokens > 0 && max_tokens <= kv_->config().max_context,
                "attention capacity {} outside 1..{}", max_tokens, kv_->config().max_context);
-    const sparse::SparseSettings sparse_settings = to_sparse_settings(settings);
-    return std::make_unique<sparse::PagedSparseAttention>(*kv_, *memory_, shape_, sparse_settings);
+    return std::make_unique<sparse::PagedSparseAttention>(*kv_, *memory_, shape_, sparse_settings(settings));
   }
 
   KvDemand demand(const AttentionSettings& settings, int64_t tokens, int64_t max_tokens, bool decoding,
@@ -199,8 +198,14 @@ class PagedAttentionFactory final : public AttentionFactory {
   }
 
  private:
+  sparse::SparseSettings sparse_settings(const AttentionSettings& settings) const {
+    sparse::SparseSettings s = to_sparse_settings(settings);
+    s.seer_gate = seer_gate_;
+    return s;
+  }
+
   sparse::ResolvedSettings resolve(const AttentionSettings& settings) const {
-    const sparse::SparseSettings s = to_sparse_settings(settings);
+    const sparse::SparseSettings s = sparse_settings(settings);
     const sparse::AlgorithmContext context{shape_, kv_->config().layout, &s};
     const auto algorithm = sparse::AlgorithmRegistry::global().create(s.algorithm, context);
     return sparse::resolve_settings(s, algorithm->traits(), shape_, kv_->config());
@@ -234,6 +239,7 @@ class PagedAttentionFactory final : public AttentionFactory {
 
   AttentionShape shape_;
   double buffer_factor_;
+  std::shared_ptr<const sparse::SeerGate> seer_gate_;
   std::unique_ptr<kv::HostPageMemory> memory_;
   std::unique_ptr<kv::KvManager> kv_;
   std::unique_ptr<AttentionFactory> contiguous_;

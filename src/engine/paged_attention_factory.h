@@ -25,6 +25,9 @@ struct PagedStoreConfig {
   // The largest elastic buffer per (layer, KV head), as a multiple of the selection budget: pages
   // kept for reuse that the scheduler grants while device pages are free (SPEC: up to 5x).
   double buffer_factor = 5.0;
+  // Seer's trained gate for every Seer request (shaped for this store's attention); null: the
+  // training-free gate.
+  std::shared_ptr<const sparse::SeerGate> seer_gate;
 };
 
 std::unique_ptr<AttentionFactory> make_paged_attention_factory(const AttentionShape& shape,

@@ -2,10 +2,12 @@
 // tokens, a whole number of pages.
 //  - Index per (layer, KV head, page): max, min and sum of the page's pre-RoPE keys; a block
 //    pools its indexed pages (max of maxes, min of mins, mean).
-//  - Gate, trained (`seer_gate_path`, safetensors): per layer `layers.{l}.seer.k_gate`
-//    [n_kv, 3·hd, hd] maps concat(max, min, mean) to a compressed key, RoPE'd at the block's
-//    first position; `layers.{l}.seer.q_gate` [n_kv, group·hd, hd] maps the group's
-//    concatenated (RoPE'd) query heads to the gate query; score = gate query · compressed key.
+//  - Gate, trained (`seer_gate`, sparse/seer_gate.h): per layer and KV head, k_gate
+//    [3·hd, hd] maps concat(max, min, mean) to a compressed key, RoPE'd at the block's first
+//    position; q_gate [group·hd, hd] maps the group's concatenated (RoPE'd) query heads to the
+//    gate query; score = gate query · compressed key. A block's compressed key pools all its
+//    pages (those in the recent window too): it is made once, when the block is complete, as
+//    SeerAttention-R's compressed-key cache (every block but the current one is complete).
 //  - Gate, training-free (no file): no learned projection. The block's mean pre-RoPE key is
 //    rotated to the block's centre position and scored against each query head of the group,
 //    max over the group: the attention logit of a "typical" key of the block. (Max/min pooling
@@ -18,13 +20,11 @@
 #include <limits>
 #include <numeric>
 
-#include <fmt/ranges.h>
-
 #include "base/error.h"
 #include "kernels/cpu/ops.h"
 #include "model/rope.h"
-#include "model/safetensors.h"
 #include "sparse/algorithm.h"
+#include "sparse/seer_gate.h"
 
 namespace spin::sparse {
 namespace {
@@ -37,13 +37,13 @@ class SeerAlgorithm final : public SparseAlgorithm {
         group_(static_cast<uint32_t>(context.shape.n_heads / context.shape.n_kv_heads)),
         page_size_(context.layout.page_size),
         block_tokens_(context.settings->seer_block_tokens),
-        stats_(static_cast<size_t>(context.shape.n_layers * context.shape.n_kv_heads)) {
+        stats_(static_cast<size_t>(context.shape.n_layers * context.shape.n_kv_heads)),
+        gate_(context.settings->seer_gate) {
     SPIN_CHECK(block_tokens_ > 0 && block_tokens_ % page_size_ == 0,
                "seer: block of {} tokens is not a whole number of {}-token pages", block_tokens_,
                page_size_);
     block_pages_ = block_tokens_ / page_size_;
-    if (!context.settings->seer_gate_path.empty())
-      load_gates(context.settings->seer_gate_path, static_cast<uint32_t>(context.shape.n_layers));
+    if (gate_) gate_->check_shape(context.shape);
   }
 
   AlgorithmTraits traits() const override {
@@ -115,11 +115,13 @@ class SeerAlgorithm final : public SparseAlgorithm {
     }
   }
 
-  // Gate score of block b (pages [b·bp, (b+1)·bp) ∩ indexed pages < end) for KV head g.
+  // Gate score of block b for KV head g: its pages [b·bp, (b+1)·bp) below `end` (the training-free
+  // gate) or indexed (the trained gate).
   float block_score(const SelectQuery& query, uint32_t g, uint32_t b, uint32_t end) const {
     const uint32_t hd = head_dim_;
     const std::vector<float>& s = stats_[size_t{query.layer} * num_kv_heads_ + g];
-    const uint32_t p0 = b * block_pages_, p1 = std::min(end, (b + 1) * block_pages_);
+    const auto indexed = static_cast<uint32_t>(s.size() / (size_t{3} * hd));
+    const uint32_t p0 = b * block_pages_, p1 = std::min(gate_ ? indexed : end, (b + 1) * block_pages_);
     pooled_.assign(3 * size_t{hd}, 0.0f);
     float* hi = pooled_.data();
     float* lo = hi + hd;
@@ -137,7 +139,7 @@ class SeerAlgorithm final : public SparseAlgorithm {
     for (uint32_t d = 0; d < hd; ++d) mean[d] /= static_cast<float>((p1 - p0) * page_size_);
     const RopeTable& rope = *query.rope;
     key_.resize(hd);
-    if (gates_.empty()) {
+    if (!gate_) {
       std::copy(mean, mean + hd, key_.begin());
       cpu::rope(key_.data(), 1, hd, int64_t{b} * block_tokens_ + block_tokens_ / 2,
                 rope.inv_freq.data(), rope.mscale, rope.neox);
@@ -150,15 +152,14 @@ class SeerAlgorithm final : public SparseAlgorithm {
       }
       return best;
     }
-    const Gate& gate = gates_[query.layer];
-    // compressed key = pooled [3hd] · k_gate[g] [3hd, hd], RoPE'd at the block start.
-    const float* kw = gate.k.data() + size_t{g} * 3 * hd * hd;
+    // compressed key = pooled [3hd] · k_gate [3hd, hd], RoPE'd at the block start.
+    const float* kw = gate_->k_gate(query.layer, g);
     std::fill(key_.begin(), key_.end(), 0.0f);
     for (uint32_t i = 0; i < 3 * hd; ++i)
       for (uint32_t d = 0; d < hd; ++d) key_[d] += pooled_[i] * kw[size_t{i} * hd + d];
     cpu::rope(key_.data(), 1, hd, int64_t{b} * block_tokens_, rope.inv_freq.data(), rope.mscale,
               rope.neox);
-    const float* qw = gate.q.data() + size_t{g} * group_ * hd * hd;
+    const float* qw = gate_->q_gate(query.layer, g);
     const float* q = query.q + size_t{g} * group_ * hd;
     float score = 0.0f;
     for (uint32_t d = 0; d < hd; ++d) {
@@ -176,30 +177,6 @@ class SeerAlgorithm final : public SparseAlgorithm {
   }
 
  private:
-  struct Gate {
-    std::vector<float> k;  // [n_kv][3·hd][hd]
-    std::vector<float> q;  // [n_kv][group·hd][hd]
-  };
-
-  void load_gates(const std::string& path, uint32_t n_layers) {
-    const SafetensorsFile file(path);
-    gates_.resize(n_layers);
-    const uint32_t hd = head_dim_;
-    for (uint32_t l = 0; l < n_layers; ++l) {
-      const auto read = [&](const std::string& name, uint64_t rows) {
-        const SafetensorsTensorInfo* info = file.find(name);
-        SPIN_CHECK(info != nullptr, "seer gate file {} lacks tensor {}", path, name);
-        const std::vector<uint64_t> want{num_kv_heads_, rows, hd};
-        SPIN_CHECK(info->shape == want, "seer gate {} in {} has shape [{}], expected [{}, {}, {}]",
-                   name, path, fmt::join(info->shape, ", "), num_kv_heads_, rows, hd);
-        return file.to_f32(*info);
-      };
-      const std::string prefix = "layers." + std::to_string(l) + ".seer.";
-      gates_[l].k = read(prefix + "k_gate", 3 * uint64_t{hd});
-      gates_[l].q = read(prefix + "q_gate", uint64_t{group_} * hd);
-    }
-  }
-
   uint32_t head_dim_;
   uint32_t num_kv_heads_;
   uint32_t group_;
@@ -208,7 +185,7 @@ class SeerAlgorithm final : public SparseAlgorithm {
   uint32_t block_pages_ = 1;
   // Per (layer, KV head): per page, max, min and sum of pre-RoPE keys (hd floats each).
   std::vector<std::vector<float>> stats_;
-  std::vector<Gate> gates_;  // per layer; empty: the training-free gate
+  std::shared_ptr<const SeerGate> gate_;  // null: the training-free gate
   mutable std::vector<float> pooled_, key_;
 };
 

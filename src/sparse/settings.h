@@ -2,13 +2,18 @@
 // Per-request sparse-attention settings, and their resolution against the KV store and the
 // algorithm's published defaults into the concrete numbers the pipeline runs with.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "kv/kv_manager.h"
 #include "model/attention.h"
+#include "sparse/seer_gate.h"
 
 namespace spin::sparse {
+
+// RetroInfer's published k-means segment (the CUDA backend sizes its scratch for it at compile time).
+inline constexpr uint32_t kRetroInferSegmentTokens = 8192;
 
 struct SparseSettings {
   std::string algorithm = "dense";  // a name in AlgorithmRegistry
@@ -28,8 +33,8 @@ struct SparseSettings {
   uint32_t shadowkv_rank = 0;          // rank of the pre-RoPE key factorisation
   uint32_t shadowkv_outliers = 48;     // outlier chunks kept resident per KV head
   uint32_t seer_block_tokens = 64;     // Seer block (a multiple of the page size)
-  std::string seer_gate_path = {};     // safetensors with trained gate weights
-  uint32_t retroinfer_segment_tokens = 8192;  // k-means segment
+  std::shared_ptr<const SeerGate> seer_gate = {};  // trained gate weights; null: training-free
+  uint32_t retroinfer_segment_tokens = kRetroInferSegmentTokens;  // k-means segment
   uint32_t retroinfer_cluster_tokens = 16;    // average tokens per cluster
   uint32_t retroinfer_recluster_tokens = 1024;  // decode tokens clustered together
   double retroinfer_estimate_fraction = 0.232;  // clusters estimated after the exact ones

@@ -93,7 +93,10 @@ std::vector<double> rotate(const SeerCase& c, const std::vector<double>& x, int6
   return {f.begin(), f.end()};
 }
 
-void check_selection(const SparseSettings& settings,
+// Candidates [1, end); the current position 37·16 + 5 is in block 18, which holds pages 36, 37, and
+// pages [end, 36) are the recent window. A block pools its pages below `end`, or all of them with
+// `whole_blocks` (the trained gate; all 40 pages are indexed).
+void check_selection(const SparseSettings& settings, uint32_t end, bool whole_blocks,
                      const std::function<double(const SeerCase&, uint32_t g, uint32_t b,
                                                 const std::vector<double>& pooled)>& score) {
   SeerCase c;
@@ -108,8 +111,7 @@ void check_selection(const SparseSettings& settings,
     in.end_page = c.pages;
     algo->index(in);
   }
-  // Candidates [1, 37): the current position 37·16 + 5 is in block 18, which holds pages 36, 37.
-  const uint32_t first = 1, end = 37, budget = 7, tokens = 37 * kPage + 6;
+  const uint32_t first = 1, budget = 7, tokens = 37 * kPage + 6;
   spin::sparse::SelectQuery query{.layer = 2, .q = c.q.data(), .num_kv_heads = kKv, .group = kGroup,
                                   .context_tokens = tokens, .first_candidate = first,
                                   .end_candidate = end, .budget_pages = budget, .rope = &c.rope};
@@ -121,7 +123,8 @@ void check_selection(const SparseSettings& settings,
   for (uint32_t g = 0; g < kKv; ++g) {
     std::vector<std::pair<double, uint32_t>> ranked;
     for (uint32_t b = first / bp; b < (end + bp - 1) / bp; ++b)
-      ranked.emplace_back(-score(c, g, b, pool(c, g, b * bp, std::min(end, (b + 1) * bp))), b);
+      ranked.emplace_back(-score(c, g, b, pool(c, g, b * bp, whole_blocks ? (b + 1) * bp : std::min(end, (b + 1) * bp))),
+                          b);
     std::stable_sort(ranked.begin(), ranked.end(),
                      [](const auto& x, const auto& y) { return x.first < y.first; });
     std::vector<uint32_t> blocks{18};  // the current block first
@@ -133,12 +136,14 @@ void check_selection(const SparseSettings& settings,
         want.insert(p);
     const auto head = out.head(g);
     EXPECT_EQ(std::set<uint32_t>(head.begin(), head.end()), want) << "KV head " << g;
-    EXPECT_TRUE(want.count(36)) << "the current block's candidate page";
+    if (end > 36) {
+      EXPECT_TRUE(want.count(36)) << "the current block's candidate page";
+    }
   }
 }
 
 TEST(SparseSeer, TrainingFreeGateMatchesBruteForce) {
-  check_selection({.algorithm = "seer", .seer_block_tokens = kBlock},
+  check_selection({.algorithm = "seer", .seer_block_tokens = kBlock}, 37, false,
                   [](const SeerCase& c, uint32_t g, uint32_t b, const std::vector<double>& pooled) {
                     const std::vector<double> mean(pooled.begin() + 2 * kHd, pooled.end());
                     const std::vector<double> key = rotate(c, mean, int64_t{b} * kBlock + kBlock / 2);
@@ -162,8 +167,9 @@ TEST(SparseSeer, TrainedGateMatchesBruteForce) {
     for (float& x : k_gate[l]) x = normal(rng);
     for (float& x : q_gate[l]) x = normal(rng);
   }
-  const std::string path = write_gates(k_gate, q_gate);
-  check_selection({.algorithm = "seer", .seer_block_tokens = kBlock, .seer_gate_path = path},
+  const auto gate = spin::sparse::load_seer_gate(write_gates(k_gate, q_gate), kShape);
+  // A window of two pages: block 17 (pages 34, 35) scores with page 35 too.
+  check_selection({.algorithm = "seer", .seer_block_tokens = kBlock, .seer_gate = gate}, 35, true,
                   [&](const SeerCase& c, uint32_t g, uint32_t b, const std::vector<double>& pooled) {
                     std::vector<double> key(kHd, 0.0), gq(kHd, 0.0);
                     for (uint32_t i = 0; i < 3 * kHd; ++i)
@@ -182,17 +188,26 @@ TEST(SparseSeer, TrainedGateMatchesBruteForce) {
 TEST(SparseSeer, RejectsBadGateFilesAndBlocks) {
   std::vector<std::vector<float>> k_gate(3, std::vector<float>(size_t{kKv} * 3 * kHd * kHd)),
       q_gate(3, std::vector<float>(size_t{kKv} * kGroup * kHd * kHd));
-  const std::string bad = write_gates(k_gate, q_gate, true);
-  spin_test::PagedStore store(kShape, 64, kPage);
   try {
-    store.attention(kShape, {.algorithm = "seer", .seer_block_tokens = kBlock, .seer_gate_path = bad});
+    spin::sparse::load_seer_gate(write_gates(k_gate, q_gate, true), kShape);
     ADD_FAILURE() << "a gate of the wrong shape was accepted";
   } catch (const spin::Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.0.seer.k_gate"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(store.attention(kShape, {.algorithm = "seer", .seer_block_tokens = 24}), spin::Error);
-  EXPECT_THROW(store.attention(kShape, {.algorithm = "seer", .seer_gate_path = "/nonexistent.st"}),
+  EXPECT_THROW(spin::sparse::load_seer_gate("/nonexistent.st", kShape), spin::Error);
+  // A gate file with layers 0..2 lacks layer 3 of a deeper model.
+  EXPECT_THROW(spin::sparse::load_seer_gate(write_gates(k_gate, q_gate), AttentionShape{4, 8, 2, 16, 0.25f}),
                spin::Error);
+  spin_test::PagedStore store(kShape, 64, kPage);
+  EXPECT_THROW(store.attention(kShape, {.algorithm = "seer", .seer_block_tokens = 24}), spin::Error);
+  // A gate read for other KV heads (a tensor-parallel rank's share) does not fit the model.
+  const auto gate = spin::sparse::load_seer_gate(write_gates(k_gate, q_gate), kShape);
+  try {
+    store.attention(kShape, {.algorithm = "seer", .seer_gate = spin::sparse::seer_gate_heads(gate, 1, 1)});
+    ADD_FAILURE() << "a gate of one KV head was accepted for a model of two";
+  } catch (const spin::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("1 KV heads"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

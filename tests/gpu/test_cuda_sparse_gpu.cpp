@@ -42,13 +42,33 @@ ModelConfig four_layer_config() {
 // ShadowKV keeps 2 outlier chunks per (layer, KV head) here: its published 48 would be every page
 // of these contexts.
 std::unique_ptr<CudaPagedAttentionFactory> sparse_factory(const ModelConfig& c, const ForwardModel& model,
-                                                          int64_t host_pages, uint32_t shadowkv_rank = 0) {
+                                                          int64_t host_pages, uint32_t shadowkv_rank = 0,
+                                                          std::shared_ptr<const sparse::SeerGate> seer_gate = nullptr) {
   CudaPagedKvConfig kv = paged_kv_config(kPage, 2 * pages_for(c, kPage, 8 * kContext), 8, kContext);
   kv.host_pages = host_pages;
   kv.rope = make_rope_table(c.rope, c.head_dim);
   kv.shadowkv_rank = shadowkv_rank;
   kv.shadowkv_outliers = 2;
+  kv.seer_gate = std::move(seer_gate);
   return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
+}
+
+// Seer gate weights of the model's shape, drawn from `rng` (each gate output has the spread of one
+// input row).
+std::shared_ptr<const sparse::SeerGate> random_seer_gate(const ModelConfig& c, std::mt19937& rng) {
+  auto gate = std::make_shared<sparse::SeerGate>();
+  gate->n_layers = static_cast<uint32_t>(c.n_layers);
+  gate->n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
+  gate->group = static_cast<uint32_t>(c.n_heads / c.n_kv_heads);
+  gate->head_dim = static_cast<uint32_t>(c.head_dim);
+  const auto fill = [&](std::vector<float>& w, size_t rows) {
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(rows)));
+    w.resize(size_t{gate->n_layers} * gate->n_kv_heads * rows * gate->head_dim);
+    for (float& x : w) x = normal(rng);
+  };
+  fill(gate->k, size_t{3} * gate->head_dim);
+  fill(gate->q, size_t{gate->group} * gate->head_dim);
+  return gate;
 }
 
 AttentionSettings sparse(const char* algorithm, int64_t budget, double fraction) {
@@ -72,6 +92,9 @@ AttentionSettings dense_offload() {
 
 class CudaSparseTest : public GpuTest {
  protected:
+  // Seer's trained gate of the stores the helpers below make; null: the training-free gate.
+  std::shared_ptr<const sparse::SeerGate> seer_gate;
+
   // Runs the prompts with dense and then with `attention` on fresh stores of one model; each
   // request must get dense's tokens (log-probabilities within 0.15), and the pools must be back
   // to empty afterwards. `usage`: the second store's counters.
@@ -80,7 +103,7 @@ class CudaSparseTest : public GpuTest {
                            KvStoreUsage& usage, uint32_t shadowkv_rank = 0) {
     const int64_t host = pages_for(c, kPage, 8 * kContext);
     const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
-    const auto runs = run_engine(model, sparse_factory(c, model, host, shadowkv_rank), prompts, max_tokens, nullptr,
+    const auto runs = run_engine(model, sparse_factory(c, model, host, shadowkv_rank, seer_gate), prompts, max_tokens, nullptr,
                                  std::vector<AttentionSettings>(prompts.size(), attention), &usage);
     for (size_t i = 0; i < prompts.size(); ++i) {
       ASSERT_EQ(static_cast<int64_t>(runs[i].tokens.size()), max_tokens[i]) << "request " << i;
@@ -111,11 +134,11 @@ class CudaSparseTest : public GpuTest {
                               const std::vector<int64_t>& max_tokens, const std::vector<AttentionSettings>& settings) {
     const int64_t host = pages_for(c, kPage, 8 * kContext);
     const auto dense = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens);
-    const auto together = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
-    const auto again = run_engine(model, sparse_factory(c, model, host), prompts, max_tokens, nullptr, settings);
+    const auto together = run_engine(model, sparse_factory(c, model, host, 0, seer_gate), prompts, max_tokens, nullptr, settings);
+    const auto again = run_engine(model, sparse_factory(c, model, host, 0, seer_gate), prompts, max_tokens, nullptr, settings);
     double largest_gap = 0.0;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto alone = run_engine(model, sparse_factory(c, model, host), {prompts[i]}, {max_tokens[i]}, nullptr,
+      const auto alone = run_engine(model, sparse_factory(c, model, host, 0, seer_gate), {prompts[i]}, {max_tokens[i]}, nullptr,
                                     {settings[i]})[0];
       ASSERT_EQ(static_cast<int64_t>(together[i].tokens.size()), max_tokens[i]) << "request " << i;
       EXPECT_EQ(together[i].tokens, alone.tokens) << "request " << i << " (" << settings[i].algorithm << ")";
@@ -129,7 +152,7 @@ class CudaSparseTest : public GpuTest {
     EXPECT_GT(largest_gap, 1e-3) << "a small budget gave dense's log-probabilities: is Select a no-op?";
 
     KvStoreUsage u;
-    run_engine(model, sparse_factory(c, model, host), {prompts[0]}, {64}, nullptr, {settings[0]}, &u);
+    run_engine(model, sparse_factory(c, model, host, 0, seer_gate), {prompts[0]}, {64}, nullptr, {settings[0]}, &u);
     EXPECT_GT(u.misses, 0u);
     EXPECT_GT(u.hits, 0u) << "consecutive steps never reused a cached page";
   }
@@ -315,6 +338,28 @@ TEST_F(CudaSparseTest, SeerSmallBudgetIsBatchInvariantAndUsesTheCache) {
   expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), seer(64)));
 }
 
+// Seer's trained gate (random weights): a full budget gives dense's tokens, a small one is batch
+// invariant, misses and hits the cache, and gives other tokens than the training-free gate.
+TEST_F(CudaSparseTest, SeerTrainedGateEqualsDenseAtFullBudgetAndIsBatchInvariant) {
+  const ModelConfig c = four_layer_config();
+  seer_gate = random_seer_gate(c, rng);
+  KvStoreUsage usage;
+  expect_full_budget_gives_dense(seer(0, 1.0), 40, usage);
+  const ModelWeights w = wide_margin_weights(c, 38);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {300, 220, 410});
+  expect_batch_invariant(model, c, prompts, {48, 40, 56}, std::vector<AttentionSettings>(prompts.size(), seer(64)));
+  const int64_t host = pages_for(c, kPage, 8 * kContext);
+  const std::vector<AttentionSettings> settings(prompts.size(), seer(64));
+  const auto trained = run_engine(model, sparse_factory(c, model, host, 0, seer_gate), prompts, {48, 40, 56}, nullptr,
+                                  settings);
+  const auto training_free = run_engine(model, sparse_factory(c, model, host), prompts, {48, 40, 56}, nullptr, settings);
+  double largest_gap = 0.0;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    largest_gap = std::max(largest_gap, max_logprob_difference(trained[i], training_free[i]));
+  EXPECT_GT(largest_gap, 1e-3) << "the trained gate selected what the training-free one does: is it used?";
+}
+
 TEST_F(CudaSparseTest, QuestSeerAndDenseRequestsInOneBatchGetTheirTokensAlone) {
   // Each algorithm's Index and scores run only over its own rows of a mixed step.
   const ModelConfig c = four_layer_config();
@@ -491,6 +536,19 @@ TEST_F(CudaSparseTest, UnsupportedSparseSettingsAreClearErrors) {
   page_24.page_size = 24;
   page_24.rope = make_rope_table(c.rope, c.head_dim);
   EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), page_24).validate(seer(64)), Error);
+  // The trained gate keeps a block's running pools in three of its pages' summaries.
+  CudaPagedKvConfig trained_page_32 = page_24;
+  trained_page_32.page_size = 32;
+  EXPECT_NO_THROW(CudaPagedAttentionFactory(model.attention_shape(), trained_page_32).validate(seer(64)));
+  trained_page_32.seer_gate = random_seer_gate(c, rng);
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), trained_page_32).validate(seer(64)), Error);
+  // A gate of another model's shape.
+  CudaPagedKvConfig other_gate = trained_page_32;
+  other_gate.page_size = kPage;
+  ModelConfig deeper = c;
+  deeper.n_layers += 1;
+  other_gate.seer_gate = random_seer_gate(deeper, rng);
+  EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), other_gate), Error);
   // ShadowKV also turns stored keys back; its rank must fit the model and the rebuild kernel.
   EXPECT_NO_THROW(factory->validate(shadowkv(64)));
   EXPECT_THROW(CudaPagedAttentionFactory(model.attention_shape(), no_rope).validate(shadowkv(64)), Error);

@@ -8,9 +8,18 @@
 //    turned to the block centre, max over the group's heads; +inf for the block being decoded),
 //    against a double recomputation, error <= 1e-4 of max_h sum_d |q_d * key_d|; slots past the
 //    candidates keep their poison.
-//  * Index + Score + select_top_pages against the CPU algorithm itself (sparse/seer.cpp, its
-//    training-free gate) given the same pre-RoPE keys: the same pages per KV head, except where
-//    the two blocks that swap places score within 1e-5 of each other in double.
+//  * Trained Index: runs of a block's pages (the prompt's, head-major) then single pages (decode
+//    steps); each complete block's key (pooled keys turned back, times k_gate, turned to the block
+//    start) and the last partial block's running max, min and sum against double, relative to the
+//    sums of |terms| (<= 1e-4 for the key, 1e-5 for the pools); the other pages' entries keep
+//    their poison; decode rows with no page write nothing.
+//  * Gate queries against double (<= 1e-5 of the sum of |terms|); trained Score: each candidate
+//    page gets gate query · its block's key (the entry of the block's first page), <= 1e-5 of
+//    sum_d |gq_d key_d|; +inf for the block being decoded; slots past the candidates keep poison.
+//  * Index + Score + select_top_pages against the CPU algorithm itself (sparse/seer.cpp, both
+//    gates) given the same pre-RoPE keys: the same pages per KV head, except where the two blocks
+//    that swap places score within 1e-5 of each other (relative to what rounding can move) in
+//    double.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -31,6 +40,7 @@
 #include "kernels/cuda/sparse_select.h"
 #include "model/rope.h"
 #include "sparse/algorithm.h"
+#include "sparse/seer_gate.h"
 
 namespace spin {
 namespace {
@@ -68,11 +78,105 @@ void turn(std::vector<double>& x, const RopeTable& rope, double pos, double sign
   }
 }
 
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = f32_to_bf16(x[i]);
+  return out;
+}
+
+// The trained gate's compressed key of a block in double: pooled [max | min | mean] of `rows`
+// (pre-RoPE key rows, head_dim each) times k_gate, turned to `pos` and scaled by `mscale` (the
+// CPU's RoPE). magnitude[d]: the largest |key| the same sums could give (sum of |terms|, the pair's).
+std::vector<double> reference_trained_key(const std::vector<std::vector<double>>& rows, const float* k_gate,
+                                          const RopeTable& rope, double pos, double mscale,
+                                          std::vector<double>* magnitude) {
+  const auto hd = static_cast<int>(rows.front().size());
+  std::vector<double> pooled(3 * size_t(hd), 0.0);
+  for (int d = 0; d < hd; ++d) {
+    pooled[d] = -std::numeric_limits<double>::infinity();
+    pooled[hd + d] = std::numeric_limits<double>::infinity();
+  }
+  for (const std::vector<double>& x : rows)
+    for (int d = 0; d < hd; ++d) {
+      pooled[d] = std::max(pooled[d], x[d]);
+      pooled[hd + d] = std::min(pooled[hd + d], x[d]);
+      pooled[2 * hd + d] += x[d] / double(rows.size());
+    }
+  std::vector<double> key(hd, 0.0), m(hd, 0.0);
+  for (int i = 0; i < 3 * hd; ++i)
+    for (int d = 0; d < hd; ++d) {
+      key[d] += pooled[i] * k_gate[size_t(i) * hd + d];
+      m[d] += std::abs(pooled[i] * k_gate[size_t(i) * hd + d]);
+    }
+  turn(key, rope, pos, 1.0);
+  for (double& x : key) x *= mscale;
+  magnitude->assign(hd, 0.0);
+  for (int i = 0; i < hd / 2; ++i) {
+    const int a = pair_a(i, rope.neox), b = pair_b(i, hd, rope.neox);
+    (*magnitude)[a] = (*magnitude)[b] = mscale * (m[a] + m[b]);
+  }
+  return key;
+}
+
+// The gate query of KV head h in double: the group's query rows `q_group` times q_gate.
+std::vector<double> reference_gate_query(const std::vector<double>& q_group, const float* q_gate, int head_dim,
+                                         std::vector<double>* magnitude) {
+  std::vector<double> gq(head_dim, 0.0);
+  magnitude->assign(head_dim, 0.0);
+  for (size_t i = 0; i < q_group.size(); ++i)
+    for (int d = 0; d < head_dim; ++d) {
+      gq[d] += q_group[i] * q_gate[i * head_dim + d];
+      (*magnitude)[d] += std::abs(q_group[i] * q_gate[i * head_dim + d]);
+    }
+  return gq;
+}
+
+// The trained gate's score of block `block` for KV head h of layer `layer`, in double, from the
+// pre-RoPE key rows `pre_row(page, token)` of all its pages. *magnitude bounds what rounding in
+// the key and the gate query can move it by, in units of their relative error.
+template <typename PreRow>
+double reference_trained_score(const PreRow& pre_row, const std::vector<double>& q_group, const sparse::SeerGate& gate,
+                               int layer, int h, int page_size, int block_pages, int block, const RopeTable& rope,
+                               double* magnitude) {
+  const int hd = static_cast<int>(gate.head_dim);
+  std::vector<std::vector<double>> rows;
+  for (int pg = block * block_pages; pg < (block + 1) * block_pages; ++pg)
+    for (int t = 0; t < page_size; ++t) rows.emplace_back(pre_row(pg, t), pre_row(pg, t) + hd);
+  std::vector<double> key_m, q_m;
+  const std::vector<double> key = reference_trained_key(rows, gate.k_gate(layer, h), rope,
+                                                        double(int64_t{block} * block_pages * page_size), rope.mscale,
+                                                        &key_m);
+  const std::vector<double> gq = reference_gate_query(q_group, gate.q_gate(layer, h), hd, &q_m);
+  double score = 0.0;
+  *magnitude = 0.0;
+  for (int d = 0; d < hd; ++d) {
+    score += gq[d] * key[d];
+    *magnitude += std::abs(gq[d]) * key_m[d] + std::abs(key[d]) * q_m[d];
+  }
+  return score;
+}
+
 class GpuSeerGate : public SeededGpuTest<std::mt19937> {
  protected:
   int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
   bool chance(double p) { return std::bernoulli_distribution(p)(rng_); }
   float normal(float sigma) { return std::normal_distribution<float>(0.0f, sigma)(rng_); }
+
+  // Trained gate weights (bf16 values, as the GPU keeps them; each output has an input row's spread).
+  std::shared_ptr<const sparse::SeerGate> random_gate(int layers, int nkv, int group, int head_dim) {
+    auto gate = std::make_shared<sparse::SeerGate>();
+    gate->n_layers = uint32_t(layers);
+    gate->n_kv_heads = uint32_t(nkv);
+    gate->group = uint32_t(group);
+    gate->head_dim = uint32_t(head_dim);
+    gate->k.resize(size_t(layers) * nkv * 3 * head_dim * head_dim);
+    gate->q.resize(size_t(layers) * nkv * group * head_dim * head_dim);
+    for (float& x : gate->k) x = bf16_to_f32(f32_to_bf16(normal(1.0f / std::sqrt(3.0f * head_dim))));
+    for (float& x : gate->q) x = bf16_to_f32(f32_to_bf16(normal(1.0f / std::sqrt(float(group * head_dim)))));
+    return gate;
+  }
+
+  void expect_the_cpu_selection(bool trained);
 };
 
 TEST_F(GpuSeerGate, IndexSumsKeysTurnedBackToPositionZero) {
@@ -281,10 +385,308 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
         }
 }
 
-// The GPU's Index, Score and top-k against SeerAlgorithm on the CPU, for one layer.
-TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
+TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
+  for (bool neox : {true, false})
+    for (int head_dim : {64, 128})
+      for (int page_size : {8, 16})
+        for (int block_pages : {4, 8}) {
+          const RopeTable rope = test_rope(head_dim, neox);
+          const int nkv = 2, num_seqs = 2;
+          const std::vector<int> pages = {uniform(30, 90), uniform(200, 400)};
+          // The prompt's complete pages (the last block partial), then decode steps page by page.
+          std::vector<int> prompt(num_seqs);
+          for (int s = 0; s < num_seqs; ++s) {
+            do prompt[s] = uniform(block_pages + 1, pages[s] - 2);
+            while (prompt[s] % block_pages == 0);
+          }
+          const size_t page_elems = size_t{2} * page_size * head_dim;
+          const int pool_pages = (pages[0] + pages[1]) * nkv;
+          std::vector<uint16_t> pool(pool_pages * page_elems);
+          for (uint16_t& x : pool) x = f32_to_bf16(normal(2.0f));
+          std::vector<int32_t> pool_ids(pool_pages);  // (seq, page, head) -> pool page
+          std::iota(pool_ids.begin(), pool_ids.end(), 0);
+          std::shuffle(pool_ids.begin(), pool_ids.end(), rng_);
+          const auto pool_page = [&](int s, int pg, int h) { return pool_ids[((s ? pages[0] : 0) + pg) * nkv + h]; };
+          std::vector<std::vector<int32_t>> dir(num_seqs);
+          int total_chunks = 0;
+          for (int s = 0; s < num_seqs; ++s)
+            for (int c = 0; c < (pages[s] + kSummaryChunkPages - 1) / kSummaryChunkPages; ++c) dir[s].push_back(total_chunks++);
+          std::vector<int32_t> order(total_chunks);
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), rng_);
+          for (auto& d : dir)
+            for (int32_t& c : d) c = order[c];
+          const auto entry = [&](int s, int h, int pg) {
+            return static_cast<int32_t>((dir[s][pg / kSummaryChunkPages] * nkv + h) * kSummaryChunkPages +
+                                        pg % kSummaryChunkPages);
+          };
+          const auto gate = random_gate(1, nkv, 1, head_dim);
+          const size_t entries = size_t(total_chunks) * nkv * kSummaryChunkPages;
+          DeviceArray<uint16_t> d_pool(pool), d_k_gate(to_bf16(gate->k)), d_summaries(entries * 2 * head_dim);
+          DeviceArray<float> d_freq(rope.inv_freq);
+          for (cudaError_t st : {d_pool.status(), d_k_gate.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
+          cuda::SeerTrainedIndexParams p;
+          p.kv_pool = as_bf16(d_pool.get());
+          p.num_kv_heads = nkv;
+          p.head_dim = head_dim;
+          p.page_size = page_size;
+          p.block_pages = block_pages;
+          p.inv_freq = d_freq.get();
+          p.neox = neox;
+          p.k_gate = as_bf16(d_k_gate.get());
+          p.summaries = as_bf16(d_summaries.get());
+          const auto run = [&](const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
+                               const std::vector<int32_t>& logical, const std::vector<int32_t>* runs) {
+            DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical), d_runs(runs ? *runs : src);
+            p.src_pages = d_src.get();
+            p.dst_entries = d_dst.get();
+            p.logical_pages = d_logical.get();
+            p.run_offsets = runs ? d_runs.get() : nullptr;
+            p.num_runs = runs ? static_cast<int>(runs->size()) - 1 : static_cast<int>(src.size());
+            CUDA_OK(cuda::seer_trained_index_pages(p, nullptr));
+            CUDA_OK(cudaDeviceSynchronize());
+          };
+          {  // the prompts: head-major, a run per block
+            std::vector<int32_t> src, dst, logical, runs;
+            for (int s = 0; s < num_seqs; ++s)
+              for (int h = 0; h < nkv; ++h)
+                for (int pg = 0; pg < prompt[s]; ++pg) {
+                  if (pg % block_pages == 0) runs.push_back(static_cast<int32_t>(src.size()));
+                  src.push_back(pool_page(s, pg, h));
+                  dst.push_back(entry(s, h, pg));
+                  logical.push_back(pg);
+                }
+            runs.push_back(static_cast<int32_t>(src.size()));
+            run(src, dst, logical, &runs);
+          }
+          for (int pg = std::min(prompt[0], prompt[1]); pg < std::max(pages[0], pages[1]); ++pg) {
+            std::vector<int32_t> src, dst, logical;  // one decode step: an item per (seq, head)
+            for (int s = 0; s < num_seqs; ++s)
+              for (int h = 0; h < nkv; ++h) {
+                const bool folds = pg >= prompt[s] && pg < pages[s];
+                src.push_back(folds ? pool_page(s, pg, h) : -1);
+                dst.push_back(folds ? entry(s, h, pg) : 0);
+                logical.push_back(folds ? pg : 0);
+              }
+            run(src, dst, logical, nullptr);
+          }
+          const std::vector<uint16_t> got_bits = d_summaries.download();
+          const auto got = [&](int32_t e, int d) {
+            return bits_to_f32(uint32_t{got_bits[(size_t(e) * head_dim + d) * 2]} |
+                               uint32_t{got_bits[(size_t(e) * head_dim + d) * 2 + 1]} << 16);
+          };
+
+          int bad = 0;
+          const auto report = [&](const std::string& what) {
+            if (bad++ < kMaxReported)
+              ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size
+                            << " block_pages " << block_pages << ": " << what;
+          };
+          for (int s = 0; s < num_seqs; ++s)
+            for (int h = 0; h < nkv; ++h)
+              for (int b = 0; b * block_pages < pages[s]; ++b) {
+                const int p0 = b * block_pages, p1 = std::min(pages[s], p0 + block_pages);
+                std::vector<std::vector<double>> rows;  // turned back, in double
+                std::vector<double> abs_max(head_dim, 0.0), abs_sum(head_dim, 0.0);
+                for (int pg = p0; pg < p1; ++pg)
+                  for (int t = 0; t < page_size; ++t) {
+                    std::vector<double> k(head_dim);
+                    for (int d = 0; d < head_dim; ++d)
+                      k[d] = bf16_to_f32(pool[size_t(pool_page(s, pg, h)) * page_elems + size_t(t) * head_dim + d]);
+                    for (int i = 0; i < head_dim / 2; ++i) {
+                      const int a = pair_a(i, neox), c = pair_b(i, head_dim, neox);
+                      const double m = std::abs(k[a]) + std::abs(k[c]);
+                      abs_max[a] = abs_max[c] = std::max(abs_max[a], m);
+                      abs_sum[a] = abs_sum[c] = abs_sum[a] + m;
+                    }
+                    turn(k, rope, double(int64_t{pg} * page_size + t), -1.0);
+                    rows.push_back(k);
+                  }
+                const std::string at = "seq " + std::to_string(s) + " head " + std::to_string(h) + " block " +
+                                       std::to_string(b);
+                if (p1 - p0 == block_pages) {
+                  std::vector<double> magnitude;
+                  const std::vector<double> key = reference_trained_key(
+                      rows, gate->k_gate(0, h), rope, double(int64_t{p0} * page_size), 1.0, &magnitude);
+                  for (int d = 0; d < head_dim; ++d)
+                    if (!(std::abs(got(entry(s, h, p0), d) - key[d]) <= 1e-4 * magnitude[d]))
+                      report(at + " key dim " + std::to_string(d) + ": got " + std::to_string(got(entry(s, h, p0), d)) +
+                             " expected " + std::to_string(key[d]));
+                } else {  // the running pools
+                  for (int d = 0; d < head_dim; ++d) {
+                    double hi = -1e300, lo = 1e300, sum = 0.0;
+                    for (const auto& x : rows) hi = std::max(hi, x[d]), lo = std::min(lo, x[d]), sum += x[d];
+                    const double want[3] = {hi, lo, sum}, tolerance[3] = {abs_max[d], abs_max[d], abs_sum[d]};
+                    for (int k = 0; k < 3; ++k)
+                      if (!(std::abs(got(entry(s, h, p0 + k), d) - want[k]) <= 1e-5 * tolerance[k]))
+                        report(at + " pool " + std::to_string(k) + " dim " + std::to_string(d) + ": got " +
+                               std::to_string(got(entry(s, h, p0 + k), d)) + " expected " + std::to_string(want[k]));
+                  }
+                }
+                for (int pg = p0 + 3; pg < p0 + block_pages; ++pg)  // never written
+                  for (int x = 0; x < 2 * head_dim; ++x)
+                    if (got_bits[size_t(entry(s, h, pg)) * 2 * head_dim + x] != kPoisonBf16) {
+                      report(at + " page " + std::to_string(pg) + "'s entry was written");
+                      break;
+                    }
+              }
+          EXPECT_EQ(bad, 0);
+        }
+}
+
+TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
+  for (int head_dim : {64, 128})
+    for (int group : {1, 4, 5, 8}) {
+      const int nkv = uniform(1, 3), num_seqs = 3, block_pages = 4;
+      const auto gate = random_gate(1, nkv, group, head_dim);
+      const int items = num_seqs * nkv;
+      std::vector<uint16_t> q(size_t(items) * group * head_dim);
+      for (uint16_t& x : q) x = f32_to_bf16(normal(1.0f));
+      DeviceArray<uint16_t> d_q(q), d_q_gate(to_bf16(gate->q));
+      DeviceArray<float> d_gq(size_t(items) * head_dim);
+      for (cudaError_t st : {d_q.status(), d_q_gate.status(), d_gq.status()}) CUDA_OK(st);
+      cuda::SeerGateQueryParams gp;
+      gp.q = as_bf16(d_q.get());
+      gp.q_gate = as_bf16(d_q_gate.get());
+      gp.num_items = items;
+      gp.num_kv_heads = nkv;
+      gp.group = group;
+      gp.head_dim = head_dim;
+      gp.out = d_gq.get();
+      CUDA_OK(cuda::seer_gate_queries(gp, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> gq = d_gq.download();
+      int bad = 0;
+      for (int i = 0; i < items; ++i) {
+        std::vector<double> qg(size_t(group) * head_dim), magnitude;
+        for (size_t x = 0; x < qg.size(); ++x) qg[x] = bf16_to_f32(q[size_t(i) * qg.size() + x]);
+        const std::vector<double> want = reference_gate_query(qg, gate->q_gate(0, i % nkv), head_dim, &magnitude);
+        for (int d = 0; d < head_dim; ++d)
+          if (!(std::abs(gq[size_t(i) * head_dim + d] - want[d]) <= 1e-5 * magnitude[d]) && bad++ < kMaxReported)
+            ADD_FAILURE() << "hd " << head_dim << " group " << group << " item " << i << " dim " << d << ": got "
+                          << gq[size_t(i) * head_dim + d] << " expected " << want[d];
+      }
+
+      // Scores over block keys at each block's first entry; a range from page 0, an empty one, and
+      // one past page 2000 starting mid-block.
+      const int f2 = uniform(2000, 2100), n2 = uniform(100, 600);
+      const std::vector<int32_t> first = {0, 40, f2}, end = {uniform(1, 700), 40, f2 + n2};
+      const std::vector<int32_t> current = {end[0] + uniform(0, 9), 44, f2 + n2 + 2};
+      const int max_candidates = std::max(end[0], n2) + uniform(0, 9);
+      std::vector<int32_t> dir_offsets(num_seqs);
+      int total_chunks = 0;
+      for (int s = 0; s < num_seqs; ++s) {
+        dir_offsets[s] = total_chunks;
+        total_chunks += (end[s] + kSummaryChunkPages - 1) / kSummaryChunkPages;
+      }
+      std::vector<int32_t> dir(total_chunks);
+      std::iota(dir.begin(), dir.end(), 0);
+      std::shuffle(dir.begin(), dir.end(), rng_);
+      std::vector<float> keys(size_t(total_chunks) * nkv * kSummaryChunkPages * head_dim);
+      for (float& x : keys) x = normal(3.0f);
+      DeviceArray<float> d_keys(keys), d_scores(size_t(items) * max_candidates);
+      DeviceArray<int32_t> d_dir(dir), d_offsets(dir_offsets), d_first(first), d_end(end), d_current(current);
+      for (cudaError_t st : {d_keys.status(), d_scores.status(), d_dir.status(), d_offsets.status(), d_first.status(),
+                             d_end.status(), d_current.status()})
+        CUDA_OK(st);
+      cuda::SeerScoreParams p;
+      p.summaries = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
+      p.summary_dir = d_dir.get();
+      p.dir_offsets = d_offsets.get();
+      p.first_candidate = d_first.get();
+      p.end_candidate = d_end.get();
+      p.current_page = d_current.get();
+      p.num_seqs = num_seqs;
+      p.num_kv_heads = nkv;
+      p.group = group;
+      p.head_dim = head_dim;
+      p.block_pages = block_pages;
+      p.max_candidates = max_candidates;
+      p.scores = d_scores.get();
+      p.gate_queries = d_gq.get();
+      CUDA_OK(cuda::seer_score_pages(p, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> got = d_scores.download();
+      for (int s = 0; s < num_seqs; ++s)
+        for (int h = 0; h < nkv; ++h) {
+          const int item = s * nkv + h;
+          for (int j = 0; j < max_candidates; ++j) {
+            const int pg = first[s] + j;
+            const float score = got[size_t(item) * max_candidates + j];
+            std::string problem;
+            if (pg >= end[s]) {
+              if (f32_to_bits(score) != kPoisonF32) problem = "past the candidates was written";
+            } else if (pg / block_pages == current[s] / block_pages) {
+              if (!(std::isinf(score) && score > 0)) problem = "in the decoded block is not +inf";
+            } else {
+              const int p0 = pg / block_pages * block_pages;
+              const size_t e = (size_t(dir[dir_offsets[s] + p0 / kSummaryChunkPages]) * nkv + h) * kSummaryChunkPages +
+                               p0 % kSummaryChunkPages;
+              double want = 0.0, magnitude = 0.0;
+              for (int d = 0; d < head_dim; ++d) {
+                want += double(gq[size_t(item) * head_dim + d]) * keys[e * head_dim + d];
+                magnitude += std::abs(double(gq[size_t(item) * head_dim + d]) * keys[e * head_dim + d]);
+              }
+              if (!(std::abs(score - want) <= 1e-5 * magnitude))
+                problem = "got " + std::to_string(score) + " expected " + std::to_string(want);
+            }
+            if (!problem.empty() && bad++ < kMaxReported)
+              ADD_FAILURE() << "hd " << head_dim << " group " << group << " seq " << s << " head " << h << " page "
+                            << pg << ": " << problem;
+          }
+        }
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+TEST_F(GpuSeerGate, TrainedKernelsRejectBadParameters) {
+  DeviceArray<uint16_t> buffer(4096);
+  DeviceArray<int32_t> ids(16);
+  DeviceArray<float> floats(1024);
+  cuda::SeerTrainedIndexParams ip;
+  ip.kv_pool = ip.k_gate = as_bf16(buffer.get());
+  ip.summaries = as_bf16(buffer.get());
+  ip.src_pages = ip.dst_entries = ip.logical_pages = ids.get();
+  ip.inv_freq = floats.get();
+  ip.num_runs = 1;
+  ip.num_kv_heads = 1;
+  EXPECT_EQ(cuda::seer_trained_index_pages(ip, nullptr), cudaSuccess);
+  CUDA_OK(cudaDeviceSynchronize());
+  for (int block_pages : {1, 2, 6, 128}) {  // fewer than 3 pages, or not dividing a summary chunk
+    cuda::SeerTrainedIndexParams bad = ip;
+    bad.block_pages = block_pages;
+    EXPECT_EQ(cuda::seer_trained_index_pages(bad, nullptr), cudaErrorInvalidValue) << block_pages;
+  }
+  cuda::SeerTrainedIndexParams no_gate = ip;
+  no_gate.k_gate = nullptr;
+  EXPECT_EQ(cuda::seer_trained_index_pages(no_gate, nullptr), cudaErrorInvalidValue);
+  cuda::SeerGateQueryParams qp;
+  qp.q = qp.q_gate = as_bf16(buffer.get());
+  qp.out = floats.get();
+  qp.num_items = 1;
+  qp.num_kv_heads = 1;
+  qp.group = 9;
+  EXPECT_EQ(cuda::seer_gate_queries(qp, nullptr), cudaErrorInvalidValue);
+  qp.group = 1;
+  qp.head_dim = 96;
+  EXPECT_EQ(cuda::seer_gate_queries(qp, nullptr), cudaErrorInvalidValue);
+  cuda::SeerScoreParams sp;
+  sp.summaries = as_bf16(buffer.get());
+  sp.summary_dir = sp.dir_offsets = sp.first_candidate = sp.end_candidate = sp.current_page = ids.get();
+  sp.scores = floats.get();
+  sp.num_seqs = sp.num_kv_heads = 1;
+  sp.max_candidates = 4;
+  sp.gate_queries = floats.get() + 1;  // not 16-byte aligned
+  EXPECT_EQ(cuda::seer_score_pages(sp, nullptr), cudaErrorInvalidValue);
+}
+
+// The GPU's Index, Score and top-k against SeerAlgorithm on the CPU, for one layer, with the
+// training-free gate or a trained one (bf16 weights, as the GPU keeps them).
+void GpuSeerGate::expect_the_cpu_selection(bool trained) {
   const int head_dim = 128, page_size = 16, nkv = 2, group = 4;
-  const sparse::SparseSettings settings{.algorithm = "seer"};
+  sparse::SparseSettings settings{.algorithm = "seer"};
+  if (trained) settings.seer_gate = random_gate(1, nkv, group, head_dim);
+  const sparse::SeerGate* gate = settings.seer_gate.get();
   const int block_pages = static_cast<int>(settings.seer_block_tokens) / page_size;
   for (bool neox : {true, false})
     for (int round = 0; round < 3; ++round) {
@@ -351,14 +753,17 @@ TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
 
       // GPU: one summary chunk per 64 pages, entries (chunk * nkv + h) * 64 + pg % 64.
       const int chunks = (pages + kSummaryChunkPages - 1) / kSummaryChunkPages;
-      std::vector<int32_t> src, dst, logical, dir(chunks);
+      // Head-major, a run per block (the trained Index's order; the training-free one takes any).
+      std::vector<int32_t> src, dst, logical, runs, dir(chunks);
       std::iota(dir.begin(), dir.end(), 0);
-      for (int pg = 0; pg < pages; ++pg)
-        for (int h = 0; h < nkv; ++h) {
+      for (int h = 0; h < nkv; ++h)
+        for (int pg = 0; pg < pages; ++pg) {
+          if (pg % block_pages == 0) runs.push_back(static_cast<int32_t>(src.size()));
           src.push_back(pg * nkv + h);
           dst.push_back((pg / kSummaryChunkPages * nkv + h) * kSummaryChunkPages + pg % kSummaryChunkPages);
           logical.push_back(pg);
         }
+      runs.push_back(static_cast<int32_t>(src.size()));
       const std::vector<int32_t> zero = {0}, firsts = {first}, ends = {end}, currents = {current};
       const std::vector<int32_t> counts(nkv, std::min(budget, end - first));
       std::vector<int32_t> out_offsets(nkv);
@@ -366,22 +771,54 @@ TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
       DeviceArray<uint16_t> d_pool(pool), d_q(q), d_summaries(size_t(chunks) * nkv * kSummaryChunkPages * 2 * head_dim);
       DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical), d_dir(dir), d_zero(zero), d_first(firsts),
           d_end(ends), d_current(currents), d_counts(counts), d_out_offsets(out_offsets), d_out(size_t(nkv) * counts[0]);
-      DeviceArray<float> d_freq(rope.inv_freq), d_scores(size_t(nkv) * (end - first));
+      DeviceArray<float> d_freq(rope.inv_freq), d_scores(size_t(nkv) * (end - first)),
+          d_gate_queries(size_t(nkv) * head_dim);
+      DeviceArray<int32_t> d_runs(runs);
+      DeviceArray<uint16_t> d_k_gate(gate ? to_bf16(gate->k) : std::vector<uint16_t>{}),
+          d_q_gate(gate ? to_bf16(gate->q) : std::vector<uint16_t>{});
       for (cudaError_t st : {d_pool.status(), d_q.status(), d_summaries.status(), d_src.status(), d_out.status(),
                              d_freq.status(), d_scores.status()})
         CUDA_OK(st);
-      cuda::SeerIndexParams ip;
-      ip.kv_pool = as_bf16(d_pool.get());
-      ip.src_pages = d_src.get();
-      ip.dst_entries = d_dst.get();
-      ip.logical_pages = d_logical.get();
-      ip.num_pages = static_cast<int>(src.size());
-      ip.head_dim = head_dim;
-      ip.page_size = page_size;
-      ip.inv_freq = d_freq.get();
-      ip.neox = neox;
-      ip.summaries = as_bf16(d_summaries.get());
-      CUDA_OK(cuda::seer_index_pages(ip, nullptr));
+      if (trained) {
+        cuda::SeerTrainedIndexParams ip;
+        ip.kv_pool = as_bf16(d_pool.get());
+        ip.src_pages = d_src.get();
+        ip.dst_entries = d_dst.get();
+        ip.logical_pages = d_logical.get();
+        ip.run_offsets = d_runs.get();
+        ip.num_runs = static_cast<int>(runs.size()) - 1;
+        ip.num_kv_heads = nkv;
+        ip.head_dim = head_dim;
+        ip.page_size = page_size;
+        ip.block_pages = block_pages;
+        ip.inv_freq = d_freq.get();
+        ip.neox = neox;
+        ip.k_gate = as_bf16(d_k_gate.get());
+        ip.summaries = as_bf16(d_summaries.get());
+        CUDA_OK(cuda::seer_trained_index_pages(ip, nullptr));
+        cuda::SeerGateQueryParams gp;
+        gp.q = as_bf16(d_q.get());
+        gp.q_gate = as_bf16(d_q_gate.get());
+        gp.num_items = nkv;
+        gp.num_kv_heads = nkv;
+        gp.group = group;
+        gp.head_dim = head_dim;
+        gp.out = d_gate_queries.get();
+        CUDA_OK(cuda::seer_gate_queries(gp, nullptr));
+      } else {
+        cuda::SeerIndexParams ip;
+        ip.kv_pool = as_bf16(d_pool.get());
+        ip.src_pages = d_src.get();
+        ip.dst_entries = d_dst.get();
+        ip.logical_pages = d_logical.get();
+        ip.num_pages = static_cast<int>(src.size());
+        ip.head_dim = head_dim;
+        ip.page_size = page_size;
+        ip.inv_freq = d_freq.get();
+        ip.neox = neox;
+        ip.summaries = as_bf16(d_summaries.get());
+        CUDA_OK(cuda::seer_index_pages(ip, nullptr));
+      }
       cuda::SeerScoreParams sp;
       sp.q = as_bf16(d_q.get());
       sp.summaries = as_bf16(d_summaries.get());
@@ -400,6 +837,7 @@ TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
       sp.neox = neox;
       sp.max_candidates = end - first;
       sp.scores = d_scores.get();
+      if (trained) sp.gate_queries = d_gate_queries.get();
       CUDA_OK(cuda::seer_score_pages(sp, nullptr));
       cuda::SelectTopParams tp;
       tp.scores = d_scores.get();
@@ -436,8 +874,16 @@ TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
         double magnitude = 0.0;
         for (int32_t pg : only) {
           double m = 0.0;
-          block_scores.push_back(reference_block_score(page_sum, qg, group, head_dim, page_size, block_pages,
-                                                       pg / block_pages, end, rope, &m));
+          if (gate) {
+            const auto pre_row = [&](int p, int t) {
+              return pre.data() + ((size_t(p) * nkv + h) * page_size + t) * head_dim;
+            };
+            block_scores.push_back(reference_trained_score(pre_row, qg, *gate, 0, h, page_size, block_pages,
+                                                           pg / block_pages, rope, &m));
+          } else {
+            block_scores.push_back(reference_block_score(page_sum, qg, group, head_dim, page_size, block_pages,
+                                                         pg / block_pages, end, rope, &m));
+          }
           magnitude = std::max(magnitude, m);
         }
         const auto [lo, hi] = std::minmax_element(block_scores.begin(), block_scores.end());
@@ -447,6 +893,10 @@ TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) {
       }
     }
 }
+
+TEST_F(GpuSeerGate, SelectsThePagesTheCpuAlgorithmSelects) { expect_the_cpu_selection(false); }
+
+TEST_F(GpuSeerGate, TrainedGateSelectsThePagesTheCpuAlgorithmSelects) { expect_the_cpu_selection(true); }
 
 }  // namespace
 }  // namespace spin

@@ -160,3 +160,56 @@ def test_tensor_parallel_serves_what_one_rank_serves():
         assert split["tokens"] == one["tokens"]
         for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
             assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+
+def write_seer_gate(path, layers, kv_heads, group, head_dim, rows_extra=0, seed=5):
+    """Seer gate weights of a model's shape (safetensors, F32)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for layer in range(layers):
+        tensors[f"layers.{layer}.seer.k_gate"] = rng.normal(
+            0, (3 * head_dim) ** -0.5, (kv_heads, 3 * head_dim + rows_extra, head_dim)).astype(np.float32)
+        tensors[f"layers.{layer}.seer.q_gate"] = rng.normal(
+            0, (group * head_dim) ** -0.5, (kv_heads, group * head_dim, head_dim)).astype(np.float32)
+    save_file(tensors, str(path))
+    return path
+
+
+def test_seer_gate_serves_and_splits_over_ranks(tmp_path):
+    """`--seer-gate` on tiny-llama (2 layers, 2 KV heads of 2 query heads, head_dim 16) with a
+    2-page budget: two ranks (one KV head each, each its share of the gate) answer as one, and the
+    trained gate answers otherwise than the training-free one (it is used)."""
+    gate = write_seer_gate(tmp_path / "gate.safetensors", 2, 2, 2, 16)
+    body = {"prompt": list(range(3, 200)), "max_tokens": 8, "temperature": 0, "logprobs": 1}
+    answers = []
+    for flags in (["--seer-gate", gate, "--tp", "1"], ["--seer-gate", gate, "--tp", "2"], []):
+        proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--max-model-len",
+                           "512", "--sparse-algorithm", "seer", "--sparse-budget", "32", *flags)
+        try:
+            assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
+            status, answer = completion(port, body)
+            assert status == 200, answer
+            answers.append(answer["choices"][0]["logprobs"])
+        finally:
+            err = stop(proc)
+        assert proc.returncode == 0, err
+    one, split, training_free = answers
+    assert split["tokens"] == one["tokens"]
+    for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+    assert max(abs(a - b) for a, b in zip(one["token_logprobs"], training_free["token_logprobs"])) > 1e-5
+
+
+def test_bad_seer_gate_ends_the_process(tmp_path):
+    wrong_shape = write_seer_gate(tmp_path / "wrong.safetensors", 2, 2, 2, 16, rows_extra=1)
+    for gate, message in [(tmp_path / "missing.safetensors", "missing.safetensors"),
+                          (wrong_shape, "layers.0.seer.k_gate")]:
+        proc, _ = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--seer-gate", gate)
+        try:
+            _, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            pytest.fail("spin serve hung after a bad --seer-gate")
+        assert proc.returncode == 1 and message in err, err

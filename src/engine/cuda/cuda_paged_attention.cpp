@@ -9,6 +9,7 @@
 #include <span>
 #include <unordered_set>
 
+#include "base/half.h"
 #include "engine/cuda/shadowkv_factors.h"
 #include "engine/paged_attention_factory.h"
 #include "kernels/cuda/fill.h"
@@ -307,6 +308,7 @@ class CudaKvStore final : public DeviceAttention {
   // entry, logical page.
   struct IndexList {
     std::vector<int32_t> src, dst, page;
+    std::vector<int32_t> runs;  // Seer: where each block's run of (src, dst, page) starts (one KV head, in page order)
   };
   // RetroInfer's k-means jobs of a step (kernels/cuda/retroinfer.h), one per (segment, KV head):
   // the pages of each (device ids, or ~host ids), its first logical page and KV head, and the
@@ -333,6 +335,7 @@ class CudaKvStore final : public DeviceAttention {
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
   // Seer's Index over layer `layer`'s slice, without its page lists.
   cuda::SeerIndexParams seer_index_params(int64_t layer) const;
+  cuda::SeerTrainedIndexParams seer_trained_index_params(int64_t layer) const;
   // Where RetroInfer's cluster records of layer `layer` are (without their directory).
   cuda::RetroInferRecords retroinfer_records(int64_t layer) const;
   // Copies pages src[i] to dst[i] (ids within each layer's slice) in layers [first, end), between
@@ -397,6 +400,12 @@ class CudaKvStore final : public DeviceAttention {
   sparse::AlgorithmTraits seer_traits_;
   int64_t seer_block_pages_ = 0;     // pages per Seer block; 0: seer is unavailable, for seer_refusal_
   std::string seer_refusal_;
+  // Seer's trained gate, bf16, all layers ([layer][KV head][rows][head_dim], sparse/seer_gate.h),
+  // and the step's gate queries; empty: the training-free gate.
+  DeviceBuffer<bf16> seer_k_gate_, seer_q_gate_;
+  DeviceBuffer<float> seer_gate_queries_;
+  bool seer_trained() const { return seer_k_gate_.get() != nullptr; }
+  void upload_seer_gate(const sparse::SeerGate& gate, int64_t max_batch);
   // ShadowKV's defaults, with the pool's first dense layers; its key rank (the store's, every
   // request's) and outlier chunks; empty refusal: available.
   sparse::AlgorithmTraits shadowkv_traits_;
@@ -535,6 +544,7 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
   SPIN_CHECK(std::isfinite(c.buffer_factor) && c.buffer_factor >= 0.0 && c.buffer_factor <= 64.0,
              "the KV buffer factor must be in [0, 64], got {}", c.buffer_factor);
   cuda_check(cudaSetDevice(c.device), "cudaSetDevice");
+  if (c.seer_gate) c.seer_gate->check_shape(shape);  // before anything is allocated
 
   PoolSizes sizes;
   if (c.host_pages > 0) {
@@ -563,6 +573,8 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
                c.gpu_memory_utilization, total_bytes / 1e9, std::max(budget, 0.0) / 1e9, in_use / 1e9,
                kPoolMarginBytes / 1e9);
     budget -= group_bytes;  // the padding rows' scratch group
+    // Seer's trained gate, uploaded after the pool.
+    if (c.seer_gate) budget -= static_cast<double>((c.seer_gate->k.size() + c.seer_gate->q.size()) * sizeof(bf16));
   }
   const double low_budget = sizes.dense_layers > 0 ? budget * c.dense_layer_share : 0.0;
   // Page ids within a layer's slice (group * kv_heads + head) are int32 in the kernels.
@@ -674,8 +686,13 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
       neox_ = c.rope.neox;
       if (block % page_size_ != 0) {
         seer_refusal_ = fmt::format("seer's {}-token blocks are not whole {}-token pages (--block-size)", block, page_size_);
+      } else if (c.seer_gate && (block / page_size_ < 3 || cuda::kSummaryChunkPages % (block / page_size_) != 0)) {
+        // The trained Index keeps a block's running pools in its first three pages' entries.
+        seer_refusal_ = fmt::format("seer's trained gate on the CUDA backend needs {}-token blocks of at least 3 pages "
+                                    "(--block-size 8 or 16, not {})", block, page_size_);
       } else {
         seer_block_pages_ = block / page_size_;
+        if (c.seer_gate) upload_seer_gate(*c.seer_gate, c.max_batch);
       }
       if (shadowkv_rank_ < 8 || shadowkv_rank_ > max_rank || shadowkv_rank_ % 8 != 0) {
         shadowkv_refusal_ = fmt::format("shadowkv's key rank {} is not a multiple of 8 in 8..{} (the CUDA backend's "
@@ -750,7 +767,7 @@ sparse::ResolvedSettings CudaKvStore::resolve_sparse(const AttentionSettings& se
                "segments, re-clustering every {} tokens, {} of the clusters estimated); the others run with --device cpu",
                published.retroinfer_cluster_tokens, published.retroinfer_segment_tokens,
                published.retroinfer_recluster_tokens, published.retroinfer_estimate_fraction);
-    static_assert(sparse::SparseSettings{}.retroinfer_segment_tokens <= cuda::kRetroInferMaxSegmentTokens);
+    static_assert(sparse::kRetroInferSegmentTokens <= cuda::kRetroInferMaxSegmentTokens);
   }
   kv::KvConfig store;
   store.layout = store_layout(shape_, page_size_);
@@ -1061,6 +1078,20 @@ cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t 
   return p;
 }
 
+cuda::SeerTrainedIndexParams CudaKvStore::seer_trained_index_params(int64_t layer) const {
+  cuda::SeerTrainedIndexParams p;
+  p.kv_pool = pool_.get() + layer_offset(layer);
+  p.num_kv_heads = static_cast<int>(shape_.n_kv_heads);
+  p.head_dim = static_cast<int>(shape_.head_dim);
+  p.page_size = static_cast<int>(page_size_);
+  p.block_pages = static_cast<int>(seer_block_pages_);
+  p.inv_freq = inv_freq_.get();
+  p.neox = neox_;
+  p.k_gate = seer_k_gate_.get() + layer * shape_.n_kv_heads * 3 * shape_.head_dim * shape_.head_dim;
+  p.summaries = summaries_.get() + summary_layer_offset(layer);
+  return p;
+}
+
 cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
   cuda::SeerIndexParams p;
   p.kv_pool = pool_.get() + layer_offset(layer);
@@ -1070,6 +1101,19 @@ cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
   p.neox = neox_;
   p.summaries = summaries_.get() + summary_layer_offset(layer);
   return p;
+}
+
+void CudaKvStore::upload_seer_gate(const sparse::SeerGate& gate, int64_t max_batch) {
+  const auto upload = [](DeviceBuffer<bf16>& to, const std::vector<float>& from, const char* what) {
+    std::vector<uint16_t> rounded(from.size());
+    for (size_t i = 0; i < from.size(); ++i) rounded[i] = f32_to_bf16(from[i]);
+    to.reserve(rounded.size(), what);
+    cuda_check(cudaMemcpy(to.get(), rounded.data(), to.bytes(), cudaMemcpyHostToDevice), what);
+  };
+  upload(seer_k_gate_, gate.k, "Seer key gate");
+  upload(seer_q_gate_, gate.q, "Seer query gate");
+  const int64_t max_rows = (max_batch + 7) / 8 * 8;
+  seer_gate_queries_.reserve(static_cast<size_t>(max_rows * shape_.n_kv_heads * shape_.head_dim), "Seer gate queries");
 }
 
 void CudaKvStore::add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
@@ -1111,11 +1155,22 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     add_cluster_jobs(jobs, row, 0, sp.clustered_pages,
                      [&](int64_t p, int64_t h) { return page_id(groups[static_cast<size_t>(p)], h); });
   }
-  for (int64_t p = 0; p < (sp.offload() || retroinfer ? 0 : pos / page_size_); ++p) {
+  const int64_t indexed = sp.offload() || retroinfer ? 0 : pos / page_size_;
+  const auto add = [&](int64_t p, int64_t h) {
+    to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
+    to_index.dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
+    to_index.page.push_back(static_cast<int32_t>(p));
+  };
+  if (sp.algorithm == HostTierAlgorithm::seer) {  // a run per block and KV head, for the trained Index
     for (int64_t h = 0; h < heads; ++h) {
-      to_index.src.push_back(page_id(groups[static_cast<size_t>(p)], h));
-      to_index.dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
-      to_index.page.push_back(static_cast<int32_t>(p));
+      for (int64_t p = 0; p < indexed; ++p) {
+        if (p % seer_block_pages_ == 0) to_index.runs.push_back(static_cast<int32_t>(to_index.src.size()));
+        add(p, h);
+      }
+    }
+  } else {
+    for (int64_t p = 0; p < indexed; ++p) {
+      for (int64_t h = 0; h < heads; ++h) add(p, h);
     }
   }
   {
@@ -1497,6 +1552,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   const auto seer_transitions_n = static_cast<int64_t>(seer_transitions.src.size());
   const int64_t at_seer_transition_src = take(seer_transitions_n), at_seer_transition_dst = take(seer_transitions_n),
                 at_seer_transition_page = take(seer_transitions_n);
+  const auto seer_runs_n = static_cast<int64_t>(seer_transitions.runs.size());
+  const int64_t at_seer_transition_runs = take(seer_runs_n + 1);
   const auto shadowkv_transitions_n = static_cast<int64_t>(shadowkv_transitions.src.size());
   const int64_t at_shadowkv_transition_src = take(shadowkv_transitions_n),
                 at_shadowkv_transition_dst = take(shadowkv_transitions_n),
@@ -1736,6 +1793,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   std::copy(seer_transitions.src.begin(), seer_transitions.src.end(), t + at_seer_transition_src);
   std::copy(seer_transitions.dst.begin(), seer_transitions.dst.end(), t + at_seer_transition_dst);
   std::copy(seer_transitions.page.begin(), seer_transitions.page.end(), t + at_seer_transition_page);
+  std::copy(seer_transitions.runs.begin(), seer_transitions.runs.end(), t + at_seer_transition_runs);
+  t[at_seer_transition_runs + seer_runs_n] = static_cast<int32_t>(seer_transitions_n);
   // ShadowKV's transitions: the outliers are the `unbudgeted` lowest cosines among the first
   // decode step's candidates; their negated cosines go where select_top_pages reads the row's
   // scores.
@@ -1899,6 +1958,16 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
   }
   for (int64_t l = dense_layers_; l < shape_.n_layers && seer_transitions_n > 0; ++l) {
+    if (seer_trained()) {
+      cuda::SeerTrainedIndexParams p = seer_trained_index_params(l);
+      p.src_pages = d + at_seer_transition_src;
+      p.dst_entries = d + at_seer_transition_dst;
+      p.logical_pages = d + at_seer_transition_page;
+      p.run_offsets = d + at_seer_transition_runs;
+      p.num_runs = static_cast<int>(seer_runs_n);
+      cuda_check(cuda::seer_trained_index_pages(p, stream), "Seer trained index of the prompt");
+      continue;
+    }
     cuda::SeerIndexParams p = seer_index_params(l);
     p.src_pages = d + at_seer_transition_src;
     p.dst_entries = d + at_seer_transition_dst;
@@ -2006,13 +2075,32 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         cuda_check(cuda::quest_score_pages(score, stream), "Quest scores");
       }
       if (step_.seer_decode) {
-        cuda::SeerIndexParams index = seer_index_params(layer);
-        index.src_pages = step_.seer_index_src;
-        index.dst_entries = step_.index_dst;
-        index.logical_pages = step_.index_page;
-        index.num_pages = decode_rows * heads;
-        cuda_check(cuda::seer_index_pages(index, stream), "Seer index");
         cuda::SeerScoreParams score;
+        if (seer_trained()) {
+          cuda::SeerTrainedIndexParams index = seer_trained_index_params(layer);
+          index.src_pages = step_.seer_index_src;
+          index.dst_entries = step_.index_dst;
+          index.logical_pages = step_.index_page;
+          index.num_runs = decode_rows * heads;
+          cuda_check(cuda::seer_trained_index_pages(index, stream), "Seer trained index");
+          cuda::SeerGateQueryParams queries;
+          queries.q = decode_q_.get();
+          queries.q_gate = seer_q_gate_.get() + layer * q_width_ * head_dim;  // [KV head][group * head_dim][head_dim]
+          queries.num_items = decode_rows * heads;
+          queries.num_kv_heads = heads;
+          queries.group = static_cast<int>(group_size_);
+          queries.head_dim = head_dim;
+          queries.out = seer_gate_queries_.get();
+          cuda_check(cuda::seer_gate_queries(queries, stream), "Seer gate queries");
+          score.gate_queries = seer_gate_queries_.get();
+        } else {
+          cuda::SeerIndexParams index = seer_index_params(layer);
+          index.src_pages = step_.seer_index_src;
+          index.dst_entries = step_.index_dst;
+          index.logical_pages = step_.index_page;
+          index.num_pages = decode_rows * heads;
+          cuda_check(cuda::seer_index_pages(index, stream), "Seer index");
+        }
         score.q = decode_q_.get();
         score.summaries = summaries;
         score.summary_dir = step_.summary_dir;
@@ -2390,11 +2478,16 @@ std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories
   SPIN_CHECK(world >= 1, "tensor parallel: the world size must be >= 1, got {}", world);
   int caller_device = 0;
   cuda_check(cudaGetDevice(&caller_device), "cudaGetDevice");
-  std::vector<std::unique_ptr<CudaPagedAttentionFactory>> ranks;
-  for (int r = 0; r < world; ++r) {
+  // Each rank's share of Seer's trained gate: its KV heads.
+  const std::shared_ptr<const sparse::SeerGate> gate = config.seer_gate;
+  const auto rank_config = [&](int r) {
     config.device = r;
-    ranks.push_back(std::make_unique<CudaPagedAttentionFactory>(rank_shape, config));
-  }
+    const auto heads = static_cast<uint32_t>(rank_shape.n_kv_heads);
+    config.seer_gate = world == 1 ? gate : sparse::seer_gate_heads(gate, static_cast<uint32_t>(r) * heads, heads);
+    return config;
+  };
+  std::vector<std::unique_ptr<CudaPagedAttentionFactory>> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(std::make_unique<CudaPagedAttentionFactory>(rank_shape, rank_config(r)));
   // Device pages of a rank's pools: the main one and the first dense layers' one.
   const auto pool_pages = [](const CudaPagedAttentionFactory& f) {
     const KvDemand c = f.capacity();
@@ -2406,9 +2499,8 @@ std::vector<std::unique_ptr<CudaPagedAttentionFactory>> make_cuda_rank_factories
     if (pool_pages(*ranks[static_cast<size_t>(r)]) == smallest) continue;
     // Free this rank's larger pool before allocating the smaller one.
     ranks[static_cast<size_t>(r)].reset();
-    config.device = r;
     config.device_pages = smallest;
-    ranks[static_cast<size_t>(r)] = std::make_unique<CudaPagedAttentionFactory>(rank_shape, config);
+    ranks[static_cast<size_t>(r)] = std::make_unique<CudaPagedAttentionFactory>(rank_shape, rank_config(r));
   }
   cuda_check(cudaSetDevice(caller_device), "cudaSetDevice");  // each store set its own GPU
   return ranks;

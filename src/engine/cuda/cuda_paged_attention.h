@@ -49,6 +49,7 @@
 
 #include "engine/attention_factory.h"
 #include "model/rope.h"
+#include "sparse/seer_gate.h"
 
 namespace spin {
 
@@ -92,6 +93,9 @@ struct CudaPagedKvConfig {
   uint32_t shadowkv_rank = 0;
   // ShadowKV's outlier chunks per (layer, KV head) for every request; unset: the published 48.
   std::optional<uint32_t> shadowkv_outliers;
+  // Seer's trained gate for every Seer request (shaped for this store's KV heads; a
+  // tensor-parallel rank's share); null: the training-free gate.
+  std::shared_ptr<const sparse::SeerGate> seer_gate;
 };
 
 class CudaKvStore;

@@ -1,7 +1,8 @@
 #pragma once
-// Seer's training-free gate on the GPU: Index (per-page key sums) and the block scores of Select,
-// for a decode step with no host round trip. Reference: the CPU algorithm in src/sparse/seer.cpp
-// (its gate without a file); the top-k over the scores is select_top_pages (sparse_select.h).
+// Seer's gates on the GPU: Index and the block scores of Select, for a decode step with no host
+// round trip. Reference: the CPU algorithm in src/sparse/seer.cpp (the training-free gate, and the
+// trained one of sparse/seer_gate.h); the top-k over the scores is select_top_pages
+// (sparse_select.h).
 //
 // Summaries use Quest's chunks, directory and entry size (sparse_select.h): entry e starts at
 // summaries + e * 2 * head_dim bf16, and a Seer entry holds head_dim fp32 there instead of a
@@ -63,7 +64,54 @@ struct SeerScoreParams {
   bool neox = true;
   int max_candidates = 0;
   float* scores = nullptr;  // [num_seqs * num_kv_heads][max_candidates]
+  // The trained gate: item i's gate query (seer_gate_queries), and the block key is the one
+  // seer_trained_index_pages wrote to the entry of the block's first page; q, page_size and the
+  // RoPE fields are unused then.
+  const float* gate_queries = nullptr;  // [num_seqs * num_kv_heads][head_dim]; null: training-free
 };
 cudaError_t seer_score_pages(const SeerScoreParams& p, cudaStream_t stream);
+
+// The trained gate's Index: a block's compressed key, made when its last page is folded in. The
+// block's first three entries (those of its pages p0, p0 + 1, p0 + 2) hold, until then, the running
+// elementwise max, min and sum over its folded pages of the keys turned back to position 0 (as the
+// training-free Index does; the stored keys are mscale times RoPE'd pre-RoPE keys, and max, min
+// and sum carry the factor mscale > 0 through). The last page's fold writes to the entry of p0 the
+// key RoPE(p0 * page_size) applied to concat(max, min, sum / (block_pages * page_size)) · k_gate[h]
+// (without mscale, which the key carries once already), as the CPU's trained gate.
+// Run r folds list entries [run_offsets[r], run_offsets[r + 1]): consecutive pages, in page order,
+// of one block and KV head (whose summary entries are consecutive); run_offsets null: each entry
+// is a run. A run that starts mid-block continues the block's entries; a run whose first entry has
+// src_pages < 0 is skipped (a decode row that completes no page). Requires block_pages >= 3 and kSummaryChunkPages %
+// block_pages == 0 (a block's entries share a chunk).
+struct SeerTrainedIndexParams {
+  const __nv_bfloat16* kv_pool = nullptr;
+  const int32_t* src_pages = nullptr;
+  const int32_t* dst_entries = nullptr;    // entry of each page (sparse_select.h's summary_entry)
+  const int32_t* logical_pages = nullptr;
+  const int32_t* run_offsets = nullptr;    // [num_runs + 1], or null
+  int num_runs = 0;                        // = list entries when run_offsets is null
+  int num_kv_heads = 0;                    // the KV head of an entry is (entry / kSummaryChunkPages) % num_kv_heads
+  int head_dim = 128;                      // 64 or 128
+  int page_size = 16;                      // 8..64, multiple of 8
+  int block_pages = 4;
+  const float* inv_freq = nullptr;         // [head_dim / 2], device memory
+  bool neox = true;
+  const __nv_bfloat16* k_gate = nullptr;   // this layer's [num_kv_heads][3 * head_dim][head_dim]
+  __nv_bfloat16* summaries = nullptr;      // this layer's slice of the summary pool
+};
+cudaError_t seer_trained_index_pages(const SeerTrainedIndexParams& p, cudaStream_t stream);
+
+// The trained gate's query of item i = seq * num_kv_heads + h: the group's query heads
+// h * group .. h * group + group - 1, concatenated, times q_gate[h] (fp32 sums).
+struct SeerGateQueryParams {
+  const __nv_bfloat16* q = nullptr;       // [num_items][group * head_dim]
+  const __nv_bfloat16* q_gate = nullptr;  // this layer's [num_kv_heads][group * head_dim][head_dim]
+  int num_items = 0;
+  int num_kv_heads = 0;
+  int group = 1;  // 1..8
+  int head_dim = 128;
+  float* out = nullptr;  // [num_items][head_dim]
+};
+cudaError_t seer_gate_queries(const SeerGateQueryParams& p, cudaStream_t stream);
 
 }  // namespace spin::cuda
