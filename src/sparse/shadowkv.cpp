@@ -87,7 +87,8 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
     // Only the prompt (the pages indexed when prefill ends) is factorised. Projecting later keys
     // on the prompt's basis would rebuild them from a subspace fitted without them: the error
     // then grows with every generated chunk, and those recent chunks draw the most attention.
-    if (L.basis.empty()) {
+    // A prompt shorter than a chunk has no prompt Index: nothing is factorised.
+    if (in.prompt && L.basis.empty()) {
       // Pre-RoPE keys of the prompt, [token][kv_head·hd].
       std::vector<float> keys(new_tokens * width);
       for (uint32_t g = 0; g < num_kv_heads_; ++g) {
@@ -161,8 +162,9 @@ class ShadowKvAlgorithm final : public SparseAlgorithm {
 
   void select(const SelectQuery& query, kv::LayerSelection& out, StepBudget&) override {
     const Layer& L = layers_[query.layer];
-    SPIN_CHECK(query.end_candidate <= L.pages, "shadowkv: page {} of layer {} selected before it "
-               "was indexed", query.end_candidate - 1, query.layer);
+    // No candidates yet (sinks cover the context) is not an error, even before any Index.
+    SPIN_CHECK(query.end_candidate <= query.first_candidate || query.end_candidate <= L.pages,
+               "shadowkv: page {} of layer {} selected before it was indexed", query.end_candidate - 1, query.layer);
     const uint32_t first = query.first_candidate, n = query.end_candidate - first;
     unbudgeted_.assign(query.num_kv_heads, 0);
     rebuilt_.assign(query.num_kv_heads, {});

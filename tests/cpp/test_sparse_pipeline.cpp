@@ -62,6 +62,31 @@ TEST(SparsePipeline, FullBudgetEqualsDenseOnRandomInputs) {
   }
 }
 
+// Prompts shorter than a page (no prompt Index; the first decode steps have no candidate beyond
+// the sink) and small budgets: every registered algorithm decodes, exactly at full budget.
+TEST(SparsePipeline, EveryAlgorithmDecodesAfterAPromptShorterThanAPage) {
+  for (const std::string& name : spin::sparse::AlgorithmRegistry::global().names()) {
+    for (double fraction : {1.0, 0.25}) {
+      Store store(kShape, 256);
+      auto paged = store.attention(kShape, {.algorithm = name, .budget_fraction = fraction});
+      spin::ContiguousAttention dense(kShape, 256);
+      std::mt19937 rng(11);
+      std::normal_distribution<float> n01(0.0f, 1.0f);
+      double error = 0.0;
+      ASSERT_NO_THROW(error = spin_test::max_decode_error(*paged, dense, kShape, 5, 40, rng, n01,
+                                                          [&](int64_t, float* row) {
+                                                            for (int64_t i = 0; i < kShape.n_kv_heads * kShape.head_dim;
+                                                                 ++i)
+                                                              row[i] = n01(rng);
+                                                          }))
+          << name << " at " << fraction;
+      if (fraction == 1.0) {
+        EXPECT_LE(error, 1e-5) << name;
+      }
+    }
+  }
+}
+
 TEST(SparsePipeline, FullBudgetEqualsDenseThroughTheTransformer) {
   for (const char* name : {"dense", "dense-offload", "quest", "test-newest"}) {
     for (uint32_t first_dense : {0u, 2u}) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "sparse_exactness.h"
@@ -55,6 +56,27 @@ TEST(SparseShadowKv, LowRankKeysRebuildExactly) {
   };
   EXPECT_LE(run(4), 2e-5);
   EXPECT_GT(run(2), 1e-3);
+}
+
+// A prompt shorter than a chunk has no prompt Index, so nothing is factorised (as on the GPU):
+// pages filled during decode keep their exact keys, even at a rank that could not rebuild them.
+// Without sinks the first chunk is a candidate (it would be rebuilt, were it factorised); with the
+// default sink, steps before it is complete have no candidates, which is no error.
+TEST(SparseShadowKv, PromptShorterThanAChunkFactorisesNothing) {
+  for (const std::optional<uint32_t> sinks : {std::optional<uint32_t>{0}, std::optional<uint32_t>{}}) {
+    spin_test::PagedStore store(kShape, 256, kChunk);
+    auto paged = store.attention(kShape, {.algorithm = "shadowkv", .budget_fraction = 1.0, .sink_tokens = sinks,
+                                          .shadowkv_rank = 2, .shadowkv_outliers = 0});
+    spin::ContiguousAttention dense(kShape, 256);
+    std::mt19937 local(10);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    const double error = spin_test::max_decode_error(*paged, dense, kShape, kChunk - 3, 40, local, n01,
+                                                     [&](int64_t, float* row) {
+                                                       for (int64_t i = 0; i < kShape.n_kv_heads * kShape.head_dim; ++i)
+                                                         row[i] = n01(local);
+                                                     });
+    EXPECT_LE(error, 1e-5) << (sinks ? "no sinks" : "default sinks");
+  }
 }
 
 // Select on hand-fed keys against a plain reimplementation.
