@@ -269,14 +269,34 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
         for (int path = 0; path <= 2; ++path)
           emit("paths", config, "spin load path " + std::to_string(path),
                run_attention(stream, pool, w, 0, path).time_us, bytes);
-        // Split-size sweep on one shape per context, to show how the automatic choice fares.
-        if (group == 5 && (batch == 1 || batch == 8)) {
-          for (int tps : {512, 2048, 8192}) {
+        // Split-size sweep, to show how the automatic choice fares: at batch 1 by splits per item
+        // (16 = one block per SM), at batch 8 by split size.
+        if (batch == 1 || (group == 5 && batch == 8)) {
+          std::vector<int> sizes;
+          if (batch == 1) {
+            for (int splits : {8, 16, 24, 32, 48, 64}) sizes.push_back((context / splits + 63) / 64 * 64);
+          } else {
+            sizes = {512, 1024, 2048, 4096, 8192};
+          }
+          for (int tps : sizes) {
             const AttentionRun s = run_attention(stream, pool, w, tps);
             emit("sweep", config, "spin tps" + std::to_string(tps) + " splits" + std::to_string(s.splits),
                  s.time_us, bytes);
           }
           std::printf("  (auto: %d splits)\n", a.splits);
+        }
+        // The same kernel on each item's pages in physical order: what paging's scattered 8 KB
+        // pages cost against contiguous K/V (the SDPA side's layout).
+        if (batch == 1 || batch == 8) {
+          std::vector<std::vector<std::vector<int32_t>>> in_order(copies, std::vector<std::vector<int32_t>>(items));
+          for (int c = 0; c < copies; ++c)
+            for (int i = 0; i < items; ++i) {
+              in_order[c][i].resize(pages_per_item);
+              std::iota(in_order[c][i].begin(), in_order[c][i].end(), (c * items + i) * pages_per_item);
+            }
+          Workload ordered = make_workload(batch, kv_heads, group, context, copies, in_order);
+          emit("order", config, "spin pages in physical order", run_attention(stream, pool, ordered, 0).time_us, bytes);
+          free_workload(ordered);
         }
         free_workload(w);
         cudaFree(pool);

@@ -360,6 +360,21 @@ TEST_F(CudaSparseTest, SeerTrainedGateEqualsDenseAtFullBudgetAndIsBatchInvariant
   EXPECT_GT(largest_gap, 1e-3) << "the trained gate selected what the training-free one does: is it used?";
 }
 
+// Prompts shorter than a page (no prompt Index; the first steps have no candidate beyond the
+// sink): every host-tier algorithm gives dense's tokens at a full budget.
+TEST_F(CudaSparseTest, PromptsShorterThanAPageGiveDenseTokens) {
+  const ModelConfig c = four_layer_config();
+  const ModelWeights w = wide_margin_weights(c, 42);
+  CudaModel model(w, CudaModelOptions{});
+  const auto prompts = random_prompts(rng, c.vocab_size, {5, 12, 3});
+  for (const AttentionSettings& attention :
+       {quest(0, 1.0), seer(0, 1.0), shadowkv(0, 1.0), retroinfer(0, 1.0), dense_offload()}) {
+    SCOPED_TRACE(attention.algorithm);
+    KvStoreUsage usage;
+    expect_dense_tokens(model, c, prompts, {40, 30, 36}, attention, usage);
+  }
+}
+
 TEST_F(CudaSparseTest, QuestSeerAndDenseRequestsInOneBatchGetTheirTokensAlone) {
   // Each algorithm's Index and scores run only over its own rows of a mixed step.
   const ModelConfig c = four_layer_config();
