@@ -30,7 +30,7 @@ if [ -n "${SPIN_GPU_PREBUILT:-}" ]; then
   chmod +x "$bin"/bin/* "$bin"/tests/* 2>/dev/null || true
 else
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPIN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90 -DSPIN_DEPS_ROOT="$deps" -DCMAKE_PREFIX_PATH="$deps/usr" \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DSPIN_DEPS_ROOT="$deps" -DCMAKE_PREFIX_PATH="$deps/usr" \
     >"$out/configure.log" 2>&1 || { tail -n 40 "$out/configure.log"; exit 1; }
   cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -m 20 -E 'error' "$out/build.log"; tail -n 20 "$out/build.log"; exit 1; }
 fi

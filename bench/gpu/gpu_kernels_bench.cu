@@ -482,12 +482,14 @@ void bench_prefill(cudaStream_t stream, std::mt19937& rng) {
       std::snprintf(config, sizeof config, "hq32/hkv8 d128 %dK", n / 1024);
     else
       std::snprintf(config, sizeof config, "hq32/hkv8 d128 %dK after %dK", n / 1024, shape.first_pos / 1024);
-    for (int variant : {-1, 1}) {
+    for (int variant : {-1, 0, 1, 2}) {
       p.variant = variant;
+      if (variant == 2 && !spin::cuda::prefill_wgmma_available()) continue;
       const double t = time_graph(stream, 2, [&](int) {
         CHECK_CUDA(spin::cuda::paged_prefill_attention(p, out, stream));
       });
-      emit_flops("prefill", config, variant < 0 ? "spin" : "spin variant 1 (8x16)", t, flops);
+      const char* names[] = {"spin", "spin variant 0 (4x32)", "spin variant 1 (8x16)", "spin variant 2 (wgmma)"};
+      emit_flops("prefill", config, names[variant + 1], t, flops);
     }
     cudaFree(d_ids);
     cudaFree(d_lists);

@@ -175,8 +175,9 @@ class GpuPrefillAttention : public GpuTest {
     p.max_new_tokens = max_new;
     p.scale = scale;
 
-    for (int variant : {0, 1}) {
+    for (int variant : {-1, 0, 1, 2}) {  // -1: the default choice
       p.variant = variant;
+      if (variant == 2 && (d != 128 || !cuda::prefill_wgmma_available())) continue;
       CUDA_OK(cudaMemset(d_out.ptr, 0xff, ref.size() * 2));  // bf16 NaN
       CUDA_OK(cuda::paged_prefill_attention(p, reinterpret_cast<__nv_bfloat16*>(d_out.ptr), nullptr));
       CUDA_OK(cudaDeviceSynchronize());
@@ -239,7 +240,7 @@ TEST_F(GpuPrefillAttention, MixedBatchGroupsHeadDimsPageSizes) {
   int n = 0;
   for (int d : {64, 128})
     for (int group : {1, 3, 4, 5, 8})
-      for (int ps : {16, 64}) {
+      for (int ps : {16, 24, 64}) {  // 24: pages straddle the 128-key tiles
         Case c{2, group, d, ps, mixed_batch()};
         c.q_row_pad = (n++ % 2) * 8 * (1 + group);  // every other case: strided q rows
         run(c);
@@ -297,7 +298,11 @@ TEST_F(GpuPrefillAttention, RejectsUnsupportedParams) {
       [](cuda::PagedPrefillParams& x) { x.scale = NAN; },
       [](cuda::PagedPrefillParams& x) { x.q_row_stride = 64; },   // < heads * head_dim
       [](cuda::PagedPrefillParams& x) { x.q_row_stride = 132; },  // not a multiple of 8
-      [](cuda::PagedPrefillParams& x) { x.variant = 2; },
+      [](cuda::PagedPrefillParams& x) { x.variant = 3; },
+      [](cuda::PagedPrefillParams& x) {  // the warpgroup kernel is head_dim 128 only
+        x.variant = 2;
+        x.head_dim = 64;
+      },
       [](cuda::PagedPrefillParams& x) { x.num_kv_heads = 0; },
       [](cuda::PagedPrefillParams& x) { x.num_seqs = -1; },
       [](cuda::PagedPrefillParams& x) { x.page_ids = nullptr; },

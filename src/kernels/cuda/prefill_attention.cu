@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/per_device.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace spin::cuda {
 
@@ -345,6 +346,220 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
     }
 }
 
+// The warpgroup kernel (variant 2; sm_90a, head_dim 128): the same tile of 128 query rows per
+// block, split over two warpgroups of 64 rows, and KV tiles of 128 keys. Per KV tile and warpgroup
+//   S[64 x 128 keys]  = Q[64 x 128 dims] * K^T   (8 wgmma m64n128k16, both operands in shared memory)
+//   O[64 x 128 dims] += P[64 x 128 keys] * V     (8 wgmma m64n128k16, P from registers)
+// with the same online softmax as above. Q, K and V tiles sit in shared memory in the 128-byte
+// swizzled layout of wgmma.cuh (two 64-dim halves of 128 rows each); K and V are double-buffered
+// by cp.async, the next tile loading while this one is computed.
+namespace wg {
+constexpr int kRows = 128;
+constexpr int kKeys = 128;
+constexpr int kD = 128;
+constexpr int kThreads = 256;
+constexpr int kTileBytes = kKeys * kD * 2;                     // 32 KB: K or V, or Q (128 rows)
+constexpr int kSmemBytes = 5 * kTileBytes + 1024;              // Q, K x2, V x2, alignment slack
+// Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a 128-row swizzled tile.
+__device__ __forceinline__ uint32_t offset(int row, int chunk) {
+  return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+}  // namespace wg
+
+__global__ void __launch_bounds__(wg::kThreads, 1)
+    paged_prefill_wgmma_kernel(PagedPrefillParams p, int64_t q_row_stride, uint32_t page_magic, __nv_bfloat16* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int D = wg::kD;
+  const int seq = blockIdx.y;
+  const int kv_head = blockIdx.z;
+  const int group = p.group;
+  const int tok_begin = p.token_offsets[seq];
+  const int n_new = p.token_offsets[seq + 1] - tok_begin;
+  const int tile_tokens = wg::kRows / group;
+  const int n_qtiles = (n_new + tile_tokens - 1) / tile_tokens;
+  const int qtile = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest tiles first
+  if (qtile < 0) return;
+  const int t0 = qtile * tile_tokens;
+  const int t_valid = min(tile_tokens, n_new - t0);
+  const int pos0 = p.first_pos[seq] + t0;
+  const int kv_end = pos0 + t_valid;
+  const int n_tiles = (kv_end + wg::kKeys - 1) / wg::kKeys;
+  const int num_q_heads = p.num_kv_heads * group;
+  const int ps = p.page_size;
+  const size_t page_elems = static_cast<size_t>(2) * ps * D;
+  const int32_t* ids = p.page_ids + p.list_offsets[seq * p.num_kv_heads + kv_head];
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int group_of_warps = warp >> 2;  // the warpgroup: rows 64 * group_of_warps ..
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t s_q = (smem0 + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
+  const uint32_t s_k = s_q + wg::kTileBytes;
+  const uint32_t s_v = s_k + 2 * wg::kTileBytes;
+
+#pragma unroll
+  for (int it = 0; it < wg::kRows * 16 / wg::kThreads; ++it) {
+    const int i = tid + it * wg::kThreads;
+    const int row = i >> 4, chunk = i & 15;
+    const int tl = row / group;
+    const bool valid = tl < t_valid;
+    const __nv_bfloat16* src = p.q;
+    if (valid)
+      src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
+             static_cast<int64_t>(kv_head * group + row - tl * group) * D + chunk * 8;
+    copy_async(s_q + wg::offset(row, chunk), src, valid ? 16 : 0);
+  }
+  // K (part 0) and V (part 1) of KV tile `tile`; keys at or past kv_end are zero-filled.
+  auto load_kv = [&](int tile, uint32_t k_dst, uint32_t v_dst) {
+#pragma unroll
+    for (int it = 0; it < wg::kKeys * 16 / wg::kThreads; ++it) {
+      const int i = tid + it * wg::kThreads;
+      const int row = i >> 4, chunk = i & 15;
+      const int key = tile * wg::kKeys + row;
+      const bool valid = key < kv_end;
+      const __nv_bfloat16* src = p.kv_pool;
+      if (valid) {
+        const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
+        src += static_cast<size_t>(ids[page]) * page_elems + static_cast<size_t>(key - page * ps) * D + chunk * 8;
+      }
+      copy_async(k_dst + wg::offset(row, chunk), src, valid ? 16 : 0);
+      copy_async(v_dst + wg::offset(row, chunk), valid ? src + ps * D : src, valid ? 16 : 0);
+    }
+  };
+  load_kv(0, s_k, s_v);
+  copy_async_commit();
+
+  // This thread's rows: row0 + g and row0 + g + 8, at positions pos[0], pos[1].
+  const int group_row0 = group_of_warps * 64;
+  const int row0 = group_row0 + (warp & 3) * 16;
+  const int pos[2] = {pos0 + (row0 + g) / group, pos0 + (row0 + g + 8) / group};
+  const bool group_active = group_row0 / group < t_valid;  // else every row of the warpgroup is padding
+  const int group_min_pos = pos0 + group_row0 / group;
+
+  const float scale_log2 = p.scale * kLog2e;
+  float o[64];
+  float s[64];
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const uint32_t k_buf = s_k + (j & 1) * wg::kTileBytes;
+    const uint32_t v_buf = s_v + (j & 1) * wg::kTileBytes;
+    copy_async_wait<0>();        // Q and tile j have landed (this thread's pieces)
+    fence_proxy_async_shared();  // visible to wgmma
+    __syncthreads();             // every thread's pieces; every warpgroup done with tile j - 1
+
+    // A warpgroup of padding rows, or one whose rows see no key of this tile, computes it anyway
+    // (its probabilities are 0): wgmma in a branch would be serialized.
+    const int key0 = j * wg::kKeys;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a = s_q + (kk >> 2) * (wg::kRows * 128) + group_row0 * 128 + (kk & 3) * 32;
+      const uint32_t b = k_buf + (kk >> 2) * (wg::kKeys * 128) + (kk & 3) * 32;
+      wgmma_m64n128k16_ss(s, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    // The next tile's copies, while S runs.
+    if (j + 1 < n_tiles) {
+      load_kv(j + 1, s_k + ((j + 1) & 1) * wg::kTileBytes, s_v + ((j + 1) & 1) * wg::kTileBytes);
+    }
+    copy_async_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+
+    // s[4 nt + 2 h + e]: row (row0 + g + 8 h), key key0 + 8 nt + 2 t4 + e.
+    const bool masked = key0 + wg::kKeys - 1 > group_min_pos;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < wg::kKeys / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = s[4 * nt + 2 * h + e];
+          if (masked && key0 + 8 * nt + 2 * t4 + e > pos[h]) v = -INFINITY;
+          s[4 * nt + 2 * h + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      const float alpha = fast_exp2(m_run[h] - m_use);
+      m_run[h] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < wg::kKeys / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = fast_exp2(fmaf(s[4 * nt + 2 * h + e], scale_log2, -m_use));
+          s[4 * nt + 2 * h + e] = pr;
+          sum += pr;
+        }
+      l_run[h] = l_run[h] * alpha + sum;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        o[4 * dt + 2 * h] *= alpha;
+        o[4 * dt + 2 * h + 1] *= alpha;
+      }
+    }
+    // P as the A operand, keys 16 kk .. +16: the S accumulators of key columns 2 kk and 2 kk + 1.
+    uint32_t a[wg::kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < wg::kKeys / 16; ++kk) {
+      a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < wg::kKeys / 16; ++kk) {
+      // V rows (keys) 16 kk .. +16 along K; 128 dims along N in two 64-dim halves kKeys * 128 bytes apart.
+      wgmma_m64n128k16_rs(o, a[kk], wgmma_desc_sw128(v_buf + kk * 2048, wg::kKeys * 128, 1024));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+  }
+  copy_async_wait<0>();
+
+  if (!group_active) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row = row0 + g + 8 * h;
+    const int tl = row / group;
+    if (tl >= t_valid) continue;
+    __nv_bfloat16* dst =
+        out + (static_cast<int64_t>(tok_begin + t0 + tl) * num_q_heads + kv_head * group + row - tl * group) * D + 2 * t4;
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * dt) =
+          __floats2bfloat162_rn(o[4 * dt + 2 * h] * inv, o[4 * dt + 2 * h + 1] * inv);
+  }
+#else
+  __trap();  // launched only where sm_90a code was built (prefill_wgmma_available)
+#endif
+}
+
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 bool valid_params(const PagedPrefillParams& p, const __nv_bfloat16* out) {
@@ -354,7 +569,7 @@ bool valid_params(const PagedPrefillParams& p, const __nv_bfloat16* out) {
          static_cast<int64_t>(p.num_seqs) * p.num_kv_heads < INT32_MAX && p.group >= 1 &&
          p.group <= kMaxGroup && (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 &&
          p.page_size <= 64 && p.page_size % 8 == 0 && std::isfinite(p.scale) && p.scale > 0.0f &&
-         p.variant >= -1 && p.variant <= 1 &&
+         p.variant >= -1 && p.variant <= 2 && (p.variant != 2 || p.head_dim == 128) &&
          (p.q_row_stride == 0 || (p.q_row_stride >= q_width && p.q_row_stride % 8 == 0)) &&
          p.q && p.kv_pool && p.page_ids && p.list_offsets && p.token_offsets && p.first_pos && out &&
          aligned16(p.q) && aligned16(p.kv_pool) && aligned16(out);
@@ -381,13 +596,43 @@ cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t
   return cudaGetLastError();
 }
 
+cudaError_t launch_wgmma(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream) {
+  const cudaError_t smem_status = per_device<cudaError_t>([] {
+    return cudaFuncSetAttribute(paged_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                wg::kSmemBytes);
+  });
+  if (smem_status != cudaSuccess) return smem_status;
+  const int64_t q_row_stride = p.q_row_stride > 0 ? p.q_row_stride : static_cast<int64_t>(p.num_kv_heads) * p.group * 128;
+  const uint32_t page_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + p.page_size - 1) / p.page_size);
+  const int tile_tokens = wg::kRows / p.group;
+  const dim3 grid((p.max_new_tokens + tile_tokens - 1) / tile_tokens, p.num_seqs, p.num_kv_heads);
+  paged_prefill_wgmma_kernel<<<grid, wg::kThreads, wg::kSmemBytes, stream>>>(p, q_row_stride, page_magic, out);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+bool prefill_wgmma_available() {
+#ifdef SPIN_CUDA_SM90A
+  return per_device<bool>([] {
+    int device = 0, major = 0, minor = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+           minor == 0;
+  });
+#else
+  return false;
+#endif
+}
 
 cudaError_t paged_prefill_attention(const PagedPrefillParams& p, __nv_bfloat16* out,
                                     cudaStream_t stream) {
   if (p.num_seqs < 0 || p.max_new_tokens < 0) return cudaErrorInvalidValue;
   if (p.num_seqs == 0 || p.max_new_tokens == 0) return cudaSuccess;
   if (!valid_params(p, out)) return cudaErrorInvalidValue;
+  if (p.variant == 2 || (p.variant == -1 && p.head_dim == 128 && prefill_wgmma_available()))
+    return prefill_wgmma_available() ? launch_wgmma(p, out, stream) : cudaErrorNotSupported;
   const bool eight_warps = p.variant == 1;
   if (p.head_dim == 64)
     return eight_warps ? launch<64, 8, 1>(p, out, stream) : launch<64, 4, 2>(p, out, stream);

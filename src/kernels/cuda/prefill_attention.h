@@ -27,9 +27,11 @@ struct PagedPrefillParams {
   int page_size = 16;   // multiple of 8 in [8, 64]
   int max_new_tokens = 0;  // max over sequences of new tokens (sizes the grid)
   float scale = 0.0f;      // softmax scale, > 0 (usually 1/sqrt(head_dim))
-  // Work split of a 128-row query tile: -1 the default (0); 0: 4 warps of 32 rows (2 blocks per
-  // SM, Q re-read from shared memory every KV tile); 1: 8 warps of 16 rows (1 block per SM, Q in
-  // registers). For benchmarks and tuning; both compute the same result.
+  // Work split of a 128-row query tile: -1 the default (2 where it runs, else 0); 0: 4 warps of
+  // 32 rows (2 blocks per SM, Q re-read from shared memory every KV tile); 1: 8 warps of 16 rows
+  // (1 block per SM, Q in registers); 2: two warpgroups of 64 rows on Hopper's wgmma (head_dim 128
+  // only; cudaErrorNotSupported where prefill_wgmma_available() is false). For benchmarks and
+  // tuning; all compute the same result.
   int variant = -1;
 };
 
@@ -38,6 +40,9 @@ struct PagedPrefillParams {
 // kernel cannot check either). q, kv_pool and out must be 16-byte aligned. Returns
 // cudaErrorInvalidValue on unsupported shapes or null pointers, else the launch status; a batch
 // with no tokens launches nothing.
+// Whether variant 2 runs here: spin was built with sm_90a code and the current GPU is sm_90.
+bool prefill_wgmma_available();
+
 cudaError_t paged_prefill_attention(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream);
 
 }  // namespace spin::cuda
