@@ -315,20 +315,7 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
                                    .head_dim = c.head_dim};
   if (a.seer_gate.empty()) return nullptr;
   if (a.seer_gate != "random") return spin::sparse::load_seer_gate(a.seer_gate, shape);
-  auto gate = std::make_shared<spin::sparse::SeerGate>();
-  gate->n_layers = static_cast<uint32_t>(c.n_layers);
-  gate->n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
-  gate->group = static_cast<uint32_t>(c.n_heads / c.n_kv_heads);
-  gate->head_dim = static_cast<uint32_t>(c.head_dim);
-  std::mt19937 rng(7);
-  const auto fill = [&](std::vector<float>& w, size_t rows) {
-    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(rows)));
-    w.resize(size_t{gate->n_layers} * gate->n_kv_heads * rows * gate->head_dim);
-    for (float& x : w) x = normal(rng);
-  };
-  fill(gate->k, size_t{3} * gate->head_dim);
-  fill(gate->q, size_t{gate->group} * gate->head_dim);
-  return gate;
+  return spin::sparse::random_seer_gate(shape, 7);
 }
 
 void run_cuda(const BenchArgs& a) {

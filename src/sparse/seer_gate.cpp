@@ -1,5 +1,8 @@
 #include "sparse/seer_gate.h"
 
+#include <cmath>
+#include <random>
+
 #include <fmt/ranges.h>
 
 #include "base/error.h"
@@ -39,6 +42,25 @@ std::shared_ptr<const SeerGate> load_seer_gate(const std::string& path, const At
     read(prefix + "k_gate", 3 * hd, gate->k);
     read(prefix + "q_gate", uint64_t{gate->group} * hd, gate->q);
   }
+  return gate;
+}
+
+std::shared_ptr<const SeerGate> random_seer_gate(const AttentionShape& shape, uint64_t seed) {
+  SPIN_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.head_dim > 0 && shape.n_heads % shape.n_kv_heads == 0,
+             "seer gate: bad attention shape");
+  auto gate = std::make_shared<SeerGate>();
+  gate->n_layers = static_cast<uint32_t>(shape.n_layers);
+  gate->n_kv_heads = static_cast<uint32_t>(shape.n_kv_heads);
+  gate->group = static_cast<uint32_t>(shape.n_heads / shape.n_kv_heads);
+  gate->head_dim = static_cast<uint32_t>(shape.head_dim);
+  std::mt19937_64 rng(seed);
+  const auto fill = [&](std::vector<float>& w, size_t rows) {
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(rows)));
+    w.resize(size_t{gate->n_layers} * gate->n_kv_heads * rows * gate->head_dim);
+    for (float& x : w) x = normal(rng);
+  };
+  fill(gate->k, size_t{3} * gate->head_dim);
+  fill(gate->q, size_t{gate->group} * gate->head_dim);
   return gate;
 }
 

@@ -34,6 +34,10 @@ struct SeerGate {
 // `shape` from a safetensors file. Throws spin::Error naming the file and the tensor at fault.
 std::shared_ptr<const SeerGate> load_seer_gate(const std::string& path, const AttentionShape& shape);
 
+// Gate weights of `shape` drawn from normal distributions (each gate output has the spread of one
+// input row), for benchmarks and tests that have no trained gate.
+std::shared_ptr<const SeerGate> random_seer_gate(const AttentionShape& shape, uint64_t seed);
+
 // The KV heads [first, first + count) of every layer (a tensor-parallel rank's share); null for a
 // null gate.
 std::shared_ptr<const SeerGate> seer_gate_heads(const std::shared_ptr<const SeerGate>& gate, uint32_t first,

@@ -53,22 +53,10 @@ std::unique_ptr<CudaPagedAttentionFactory> sparse_factory(const ModelConfig& c, 
   return std::make_unique<CudaPagedAttentionFactory>(model.attention_shape(), kv);
 }
 
-// Seer gate weights of the model's shape, drawn from `rng` (each gate output has the spread of one
-// input row).
+// Seer gate weights of the model's shape, drawn with a seed from `rng`.
 std::shared_ptr<const sparse::SeerGate> random_seer_gate(const ModelConfig& c, std::mt19937& rng) {
-  auto gate = std::make_shared<sparse::SeerGate>();
-  gate->n_layers = static_cast<uint32_t>(c.n_layers);
-  gate->n_kv_heads = static_cast<uint32_t>(c.n_kv_heads);
-  gate->group = static_cast<uint32_t>(c.n_heads / c.n_kv_heads);
-  gate->head_dim = static_cast<uint32_t>(c.head_dim);
-  const auto fill = [&](std::vector<float>& w, size_t rows) {
-    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(rows)));
-    w.resize(size_t{gate->n_layers} * gate->n_kv_heads * rows * gate->head_dim);
-    for (float& x : w) x = normal(rng);
-  };
-  fill(gate->k, size_t{3} * gate->head_dim);
-  fill(gate->q, size_t{gate->group} * gate->head_dim);
-  return gate;
+  return sparse::random_seer_gate(
+      {.n_layers = c.n_layers, .n_heads = c.n_heads, .n_kv_heads = c.n_kv_heads, .head_dim = c.head_dim}, rng());
 }
 
 AttentionSettings sparse(const char* algorithm, int64_t budget, double fraction) {

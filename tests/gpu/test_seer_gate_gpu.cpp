@@ -177,6 +177,57 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
   }
 
   void expect_the_cpu_selection(bool trained);
+
+  // Candidate ranges of four sequences for the score tests: one from page 0, an empty one, one
+  // starting mid-block past page 2000 that crosses chunks, and one whose last block is the one
+  // being decoded (no window); their summary chunks in shuffled order.
+  struct ScoreLayout {
+    static constexpr int kSeqs = 4;
+    std::vector<int32_t> first, end, current, dir_offsets, dir;
+    int max_candidates = 0;
+    // Summary entry of page pg of KV head h of sequence s (sparse_select.h), of nkv KV heads.
+    size_t entry(int s, int h, int pg, int nkv) const {
+      return (size_t(dir[dir_offsets[s] + pg / kSummaryChunkPages]) * nkv + h) * kSummaryChunkPages +
+             pg % kSummaryChunkPages;
+    }
+    size_t entries(int nkv) const { return dir.size() * nkv * kSummaryChunkPages; }
+  };
+  ScoreLayout score_layout() {
+    ScoreLayout l;
+    const int f2 = uniform(2000, 2100), n2 = uniform(100, 600);
+    const int f4 = uniform(0, 30), e4 = f4 + uniform(5, 300);
+    l.first = {0, 40, f2, f4};
+    l.end = {uniform(1, 700), 40, f2 + n2, e4};
+    l.current = {l.end[0] + uniform(0, 9), 44, f2 + n2 + 2, e4};
+    l.max_candidates = std::max({l.end[0], n2, e4 - f4}) + uniform(0, 9);
+    int chunks = 0;
+    for (int s = 0; s < ScoreLayout::kSeqs; ++s) {
+      l.dir_offsets.push_back(chunks);
+      chunks += (l.end[s] + kSummaryChunkPages - 1) / kSummaryChunkPages;
+    }
+    l.dir.resize(chunks);
+    std::iota(l.dir.begin(), l.dir.end(), 0);
+    std::shuffle(l.dir.begin(), l.dir.end(), rng_);
+    return l;
+  }
+  // A layout's tables on the device, wired into score parameters.
+  struct DeviceScoreLayout {
+    DeviceArray<int32_t> dir, offsets, first, end, current;
+    explicit DeviceScoreLayout(const ScoreLayout& l)
+        : dir(l.dir), offsets(l.dir_offsets), first(l.first), end(l.end), current(l.current) {}
+    void wire(cuda::SeerScoreParams& p, int nkv, int max_candidates) const {
+      for (cudaError_t st : {dir.status(), offsets.status(), first.status(), end.status(), current.status()})
+        CUDA_OK(st);
+      p.summary_dir = dir.get();
+      p.dir_offsets = offsets.get();
+      p.first_candidate = first.get();
+      p.end_candidate = end.get();
+      p.current_page = current.get();
+      p.num_seqs = ScoreLayout::kSeqs;
+      p.num_kv_heads = nkv;
+      p.max_candidates = max_candidates;
+    }
+  };
 };
 
 TEST_F(GpuSeerGate, IndexSumsKeysTurnedBackToPositionZero) {
@@ -296,26 +347,10 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
         for (int block_pages : {1, 3, 4, 8}) {
           const RopeTable rope = test_rope(head_dim, neox);
           const int nkv = uniform(1, 3);
-          // A range from page 0, an empty one, one starting mid-block past page 2000 that crosses
-          // chunks, and one whose last block is the one being decoded (no window).
-          const int f2 = uniform(2000, 2100), n2 = uniform(100, 600);
-          const int f4 = uniform(0, 30), e4 = f4 + uniform(5, 300);
-          const std::vector<int32_t> first = {0, 40, f2, f4};
-          const std::vector<int32_t> end = {uniform(1, 700), 40, f2 + n2, e4};
-          const std::vector<int32_t> current = {end[0] + uniform(0, 9), 44, f2 + n2 + 2, e4};
-          const int num_seqs = 4;
-          const int max_candidates = std::max({end[0], n2, e4 - f4}) + uniform(0, 9);
-          std::vector<int32_t> dir_offsets(num_seqs);
-          int total_chunks = 0;
-          for (int s = 0; s < num_seqs; ++s) {
-            dir_offsets[s] = total_chunks;
-            total_chunks += (end[s] + kSummaryChunkPages - 1) / kSummaryChunkPages;
-          }
-          std::vector<int32_t> dir(total_chunks);
-          std::iota(dir.begin(), dir.end(), 0);
-          std::shuffle(dir.begin(), dir.end(), rng_);
-          const size_t entries = size_t(total_chunks) * nkv * kSummaryChunkPages;
-          std::vector<float> sums(entries * head_dim);
+          const ScoreLayout layout = score_layout();
+          const std::vector<int32_t>&first = layout.first, &end = layout.end, &current = layout.current;
+          const int num_seqs = ScoreLayout::kSeqs, max_candidates = layout.max_candidates;
+          std::vector<float> sums(layout.entries(nkv) * head_dim);
           for (float& x : sums) x = normal(4.0f);
           std::vector<uint16_t> q(size_t(num_seqs) * nkv * group * head_dim);
           for (uint16_t& x : q) x = f32_to_bf16(normal(1.0f));
@@ -323,27 +358,18 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
           DeviceArray<float> d_sums(sums), d_freq(rope.inv_freq);
           DeviceArray<float> d_scores(size_t(num_seqs) * nkv * max_candidates);
           DeviceArray<uint16_t> d_q(q);
-          DeviceArray<int32_t> d_dir(dir), d_offsets(dir_offsets), d_first(first), d_end(end), d_current(current);
-          for (cudaError_t st : {d_sums.status(), d_freq.status(), d_scores.status(), d_q.status(), d_dir.status(),
-                                 d_offsets.status(), d_first.status(), d_end.status(), d_current.status()})
-            CUDA_OK(st);
+          const DeviceScoreLayout d_layout(layout);
+          for (cudaError_t st : {d_sums.status(), d_freq.status(), d_scores.status(), d_q.status()}) CUDA_OK(st);
           cuda::SeerScoreParams p;
+          d_layout.wire(p, nkv, max_candidates);
           p.q = as_bf16(d_q.get());
           p.summaries = reinterpret_cast<const __nv_bfloat16*>(d_sums.get());
-          p.summary_dir = d_dir.get();
-          p.dir_offsets = d_offsets.get();
-          p.first_candidate = d_first.get();
-          p.end_candidate = d_end.get();
-          p.current_page = d_current.get();
-          p.num_seqs = num_seqs;
-          p.num_kv_heads = nkv;
           p.group = group;
           p.head_dim = head_dim;
           p.page_size = page_size;
           p.block_pages = block_pages;
           p.inv_freq = d_freq.get();
           p.neox = neox;
-          p.max_candidates = max_candidates;
           p.scores = d_scores.get();
           CUDA_OK(cuda::seer_score_pages(p, nullptr));
           CUDA_OK(cudaDeviceSynchronize());
@@ -354,9 +380,7 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
             for (int h = 0; h < nkv; ++h) {
               const int item = s * nkv + h;
               const auto page_sum = [&](int pg) {
-                const size_t entry =
-                    (size_t(dir[dir_offsets[s] + pg / kSummaryChunkPages]) * nkv + h) * kSummaryChunkPages +
-                    pg % kSummaryChunkPages;
+                const size_t entry = layout.entry(s, h, pg, nkv);
                 return std::vector<double>(sums.begin() + entry * head_dim, sums.begin() + (entry + 1) * head_dim);
               };
               std::vector<double> qg(size_t(group) * head_dim);
@@ -537,7 +561,7 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
 TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
   for (int head_dim : {64, 128})
     for (int group : {1, 4, 5, 8}) {
-      const int nkv = uniform(1, 3), num_seqs = 3, block_pages = 4;
+      const int nkv = uniform(1, 3), num_seqs = ScoreLayout::kSeqs, block_pages = 4;
       const auto gate = random_gate(1, nkv, group, head_dim);
       const int items = num_seqs * nkv;
       std::vector<uint16_t> q(size_t(items) * group * head_dim);
@@ -567,41 +591,21 @@ TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
                           << gq[size_t(i) * head_dim + d] << " expected " << want[d];
       }
 
-      // Scores over block keys at each block's first entry; a range from page 0, an empty one, and
-      // one past page 2000 starting mid-block.
-      const int f2 = uniform(2000, 2100), n2 = uniform(100, 600);
-      const std::vector<int32_t> first = {0, 40, f2}, end = {uniform(1, 700), 40, f2 + n2};
-      const std::vector<int32_t> current = {end[0] + uniform(0, 9), 44, f2 + n2 + 2};
-      const int max_candidates = std::max(end[0], n2) + uniform(0, 9);
-      std::vector<int32_t> dir_offsets(num_seqs);
-      int total_chunks = 0;
-      for (int s = 0; s < num_seqs; ++s) {
-        dir_offsets[s] = total_chunks;
-        total_chunks += (end[s] + kSummaryChunkPages - 1) / kSummaryChunkPages;
-      }
-      std::vector<int32_t> dir(total_chunks);
-      std::iota(dir.begin(), dir.end(), 0);
-      std::shuffle(dir.begin(), dir.end(), rng_);
-      std::vector<float> keys(size_t(total_chunks) * nkv * kSummaryChunkPages * head_dim);
+      // Scores over random block keys, at each block's first entry.
+      const ScoreLayout layout = score_layout();
+      const std::vector<int32_t>&first = layout.first, &end = layout.end, &current = layout.current;
+      const int max_candidates = layout.max_candidates;
+      std::vector<float> keys(layout.entries(nkv) * head_dim);
       for (float& x : keys) x = normal(3.0f);
       DeviceArray<float> d_keys(keys), d_scores(size_t(items) * max_candidates);
-      DeviceArray<int32_t> d_dir(dir), d_offsets(dir_offsets), d_first(first), d_end(end), d_current(current);
-      for (cudaError_t st : {d_keys.status(), d_scores.status(), d_dir.status(), d_offsets.status(), d_first.status(),
-                             d_end.status(), d_current.status()})
-        CUDA_OK(st);
+      const DeviceScoreLayout d_layout(layout);
+      for (cudaError_t st : {d_keys.status(), d_scores.status()}) CUDA_OK(st);
       cuda::SeerScoreParams p;
+      d_layout.wire(p, nkv, max_candidates);
       p.summaries = reinterpret_cast<const __nv_bfloat16*>(d_keys.get());
-      p.summary_dir = d_dir.get();
-      p.dir_offsets = d_offsets.get();
-      p.first_candidate = d_first.get();
-      p.end_candidate = d_end.get();
-      p.current_page = d_current.get();
-      p.num_seqs = num_seqs;
-      p.num_kv_heads = nkv;
       p.group = group;
       p.head_dim = head_dim;
       p.block_pages = block_pages;
-      p.max_candidates = max_candidates;
       p.scores = d_scores.get();
       p.gate_queries = d_gq.get();
       CUDA_OK(cuda::seer_score_pages(p, nullptr));
@@ -619,9 +623,7 @@ TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
             } else if (pg / block_pages == current[s] / block_pages) {
               if (!(std::isinf(score) && score > 0)) problem = "in the decoded block is not +inf";
             } else {
-              const int p0 = pg / block_pages * block_pages;
-              const size_t e = (size_t(dir[dir_offsets[s] + p0 / kSummaryChunkPages]) * nkv + h) * kSummaryChunkPages +
-                               p0 % kSummaryChunkPages;
+              const size_t e = layout.entry(s, h, pg / block_pages * block_pages, nkv);
               double want = 0.0, magnitude = 0.0;
               for (int d = 0; d < head_dim; ++d) {
                 want += double(gq[size_t(item) * head_dim + d]) * keys[e * head_dim + d];

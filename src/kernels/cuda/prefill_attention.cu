@@ -81,6 +81,30 @@ __device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
+// The query tile of this block (both kernels): rows r of 128 are token t0 + r / group of sequence
+// blockIdx.y, query head r % group of KV head blockIdx.z. The latest tiles (the most keys) run
+// first, so the short ones fill the tail. False when the sequence has no tile blockIdx.x.
+struct QueryTile {
+  int tok_begin;  // the sequence's first q row
+  int t0;         // the tile's first token, from tok_begin
+  int t_valid;    // its tokens (rows past t_valid * group are padding)
+  int pos0;       // position of token t0
+  int kv_end;     // keys [0, kv_end) are read
+};
+__device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows, QueryTile& t) {
+  const int seq = blockIdx.y;
+  t.tok_begin = p.token_offsets[seq];
+  const int n_new = p.token_offsets[seq + 1] - t.tok_begin;
+  const int tile_tokens = rows / p.group;
+  const int qtile = (n_new + tile_tokens - 1) / tile_tokens - 1 - static_cast<int>(blockIdx.x);
+  if (qtile < 0) return false;
+  t.t0 = qtile * tile_tokens;
+  t.t_valid = min(tile_tokens, n_new - t.t0);
+  t.pos0 = p.first_pos[seq] + t.t0;
+  t.kv_end = t.pos0 + t.t_valid;
+  return true;
+}
+
 template <int D, int kWarps, int kRowFrags>
 __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
                                   Config<D, kWarps, kRowFrags>::kMinBlocks)
@@ -88,20 +112,13 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
                          __nv_bfloat16* out) {
   using C = Config<D, kWarps, kRowFrags>;
   constexpr int MF = kRowFrags;
+  QueryTile tile;
+  if (!query_tile(p, kRows, tile)) return;
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
   const int group = p.group;
-  const int tok_begin = p.token_offsets[seq];
-  const int n_new = p.token_offsets[seq + 1] - tok_begin;
-  const int tile_tokens = kRows / group;
-  const int n_qtiles = (n_new + tile_tokens - 1) / tile_tokens;
-  // The latest query tiles (the most keys) run first, so the short ones fill the tail.
-  const int qtile = n_qtiles - 1 - static_cast<int>(blockIdx.x);
-  if (qtile < 0) return;
-  const int t0 = qtile * tile_tokens;
-  const int t_valid = min(tile_tokens, n_new - t0);
-  const int pos0 = p.first_pos[seq] + t0;
-  const int kv_end = pos0 + t_valid;  // keys [0, kv_end) are read; later ones are zero-filled
+  // Keys past kv_end are zero-filled.
+  const int tok_begin = tile.tok_begin, t0 = tile.t0, t_valid = tile.t_valid, pos0 = tile.pos0, kv_end = tile.kv_end;
   const int n_tiles = (kv_end + kKeys - 1) / kKeys;
   const int num_q_heads = p.num_kv_heads * group;
   const int ps = p.page_size;
@@ -370,19 +387,12 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     paged_prefill_wgmma_kernel(PagedPrefillParams p, int64_t q_row_stride, uint32_t page_magic, __nv_bfloat16* out) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = wg::kD;
+  QueryTile tile;
+  if (!query_tile(p, wg::kRows, tile)) return;
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
   const int group = p.group;
-  const int tok_begin = p.token_offsets[seq];
-  const int n_new = p.token_offsets[seq + 1] - tok_begin;
-  const int tile_tokens = wg::kRows / group;
-  const int n_qtiles = (n_new + tile_tokens - 1) / tile_tokens;
-  const int qtile = n_qtiles - 1 - static_cast<int>(blockIdx.x);  // the longest tiles first
-  if (qtile < 0) return;
-  const int t0 = qtile * tile_tokens;
-  const int t_valid = min(tile_tokens, n_new - t0);
-  const int pos0 = p.first_pos[seq] + t0;
-  const int kv_end = pos0 + t_valid;
+  const int tok_begin = tile.tok_begin, t0 = tile.t0, t_valid = tile.t_valid, pos0 = tile.pos0, kv_end = tile.kv_end;
   const int n_tiles = (kv_end + wg::kKeys - 1) / wg::kKeys;
   const int num_q_heads = p.num_kv_heads * group;
   const int ps = p.page_size;
