@@ -524,6 +524,14 @@ sparse::AlgorithmTraits algorithm_traits(const char* name, const AttentionShape&
 }
 
 // Checks what the kernels support and returns the pool's groups (the scratch group not counted).
+// Whether Seer's trained gate can run on a store of `page_size`-token pages: its Index keeps a
+// block's running pools in the summaries of the block's first three pages, within one chunk.
+bool trained_seer_blocks_fit(int64_t page_size) {
+  const int64_t block = sparse::SparseSettings{}.seer_block_tokens;
+  const int64_t pages = block / page_size;
+  return block % page_size == 0 && pages >= 3 && cuda::kSummaryChunkPages % pages == 0;
+}
+
 PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
   SPIN_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0,
              "CUDA attention: bad shape ({} layers, {} heads, {} KV heads)", shape.n_layers, shape.n_heads,
@@ -573,8 +581,9 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
                c.gpu_memory_utilization, total_bytes / 1e9, std::max(budget, 0.0) / 1e9, in_use / 1e9,
                kPoolMarginBytes / 1e9);
     budget -= group_bytes;  // the padding rows' scratch group
-    // Seer's trained gate, uploaded after the pool.
-    if (c.seer_gate) budget -= static_cast<double>((c.seer_gate->k.size() + c.seer_gate->q.size()) * sizeof(bf16));
+    // Seer's trained gate, uploaded after the pool where it can run.
+    if (c.seer_gate && c.host_pages > 0 && !c.rope.inv_freq.empty() && trained_seer_blocks_fit(c.page_size))
+      budget -= static_cast<double>((c.seer_gate->k.size() + c.seer_gate->q.size()) * sizeof(bf16));
   }
   const double low_budget = sizes.dense_layers > 0 ? budget * c.dense_layer_share : 0.0;
   // Page ids within a layer's slice (group * kv_heads + head) are int32 in the kernels.
@@ -686,8 +695,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
       neox_ = c.rope.neox;
       if (block % page_size_ != 0) {
         seer_refusal_ = fmt::format("seer's {}-token blocks are not whole {}-token pages (--block-size)", block, page_size_);
-      } else if (c.seer_gate && (block / page_size_ < 3 || cuda::kSummaryChunkPages % (block / page_size_) != 0)) {
-        // The trained Index keeps a block's running pools in its first three pages' entries.
+      } else if (c.seer_gate && !trained_seer_blocks_fit(page_size_)) {
         seer_refusal_ = fmt::format("seer's trained gate on the CUDA backend needs {}-token blocks of at least 3 pages "
                                     "(--block-size 8 or 16, not {})", block, page_size_);
       } else {
@@ -1574,6 +1582,10 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     tables_host_.reserve(tables_.size());
   }
   moved |= decode_q_.reserve(static_cast<size_t>(std::max<int64_t>(decode_rows, 1) * q_width_), "decode queries");
+  if (seer_trained()) {
+    moved |= seer_gate_queries_.reserve(
+        static_cast<size_t>(std::max<int64_t>(decode_rows, 1) * shape_.n_kv_heads * shape_.head_dim), "Seer gate queries");
+  }
   if (decode_rows > 0) {
     moved |= workspace_.reserve(cuda::paged_decode_workspace_bytes(decode_params(decode_rows, bucket)),
                                 "decode split-K workspace");
