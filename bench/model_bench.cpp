@@ -78,6 +78,7 @@ struct BenchArgs {
   std::vector<int64_t> decode_contexts{128, 8192};
   std::vector<int64_t> batches{1, 8, 32};
   int64_t prefill_chunk = 2048;
+  int prefill_variant = -1;  // cuda: the prefill attention kernel (-1: the default)
   int repeats = 3;
   int threads = 0;
   bool cuda_graphs = true;
@@ -366,6 +367,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.rope = spin::make_rope_table(c.rope, c.head_dim);
   kv_config.page_size = a.block_size;
   kv_config.seer_gate = seer_gate(a, c);
+  kv_config.prefill_variant = a.prefill_variant;
   if (sparse) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
@@ -439,8 +441,10 @@ void run_cuda(const BenchArgs& a) {
       }
       if (r > 0) rates.push_back(static_cast<double>(n) / seconds_since(t));  // first: warm-up
     }
-    std::printf("| prefill %lld tokens (tok/s, chunks of %lld) | %.0f |\n", static_cast<long long>(n),
-                static_cast<long long>(a.prefill_chunk), median(rates));
+    std::printf("| prefill %lld tokens (tok/s, chunks of %lld%s) | %.0f |\n", static_cast<long long>(n),
+                static_cast<long long>(a.prefill_chunk),
+                a.prefill_variant < 0 ? "" : (", attention kernel variant " + std::to_string(a.prefill_variant)).c_str(),
+                median(rates));
   }
 
   if (sparse) {
@@ -633,6 +637,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", a.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--prefill", a.prefill_lengths, "prompt lengths to time")->capture_default_str();
   app.add_option("--prefill-chunk", a.prefill_chunk, "cuda: tokens per prefill forward")->capture_default_str();
+  app.add_option("--prefill-variant", a.prefill_variant,
+                 "cuda: prefill attention kernel (kernels/cuda/prefill_attention.h: 0 mma.sync, 1 mma.sync 8x16, "
+                 "2 wgmma; -1 the default)")
+      ->check(CLI::Range(-1, 2))
+      ->capture_default_str();
   app.add_option("--decode-tokens", a.decode_tokens, "decode steps to time per repeat")->capture_default_str();
   app.add_option("--decode-context", a.decode_contexts, "context lengths to decode after")->capture_default_str();
   app.add_option("--batch", a.batches, "cuda: decode batch sizes")->capture_default_str();

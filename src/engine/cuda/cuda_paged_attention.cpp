@@ -444,6 +444,7 @@ class CudaKvStore final : public DeviceAttention {
   int64_t chunks_total_ = 0;
   int64_t max_cache_slots_ = 0;
   double buffer_factor_ = 0.0;
+  int prefill_variant_ = -1;
   size_t page_elems_ = 0;     // bf16 elements of one page (K then V)
   DeviceBuffer<bf16> pool_;
   bf16* host_ = nullptr;      // the host tier (cudaHostAlloc, mapped)
@@ -623,6 +624,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   dense_layers_ = sizes.dense_layers;
   quest_traits_ = sizes.quest_traits;
   buffer_factor_ = c.buffer_factor;
+  prefill_variant_ = c.prefill_variant;
   page_elems_ = static_cast<size_t>(2 * page_size_ * shape.head_dim);
   pool_.reserve(layer_offset(shape.n_layers), "KV cache pool");
   // Zeros, not leftover bytes, in pages no token has written (benchmarks time uncomputed KV).
@@ -2333,6 +2335,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     p.page_size = static_cast<int>(page_size_);
     p.max_new_tokens = static_cast<int>(step_.max_new_tokens);
     p.scale = shape_.scale;
+    p.variant = prefill_variant_;
     cuda_check(cuda::paged_prefill_attention(p, out + step_.decode_rows * q_width_, stream),
                "paged prefill attention");
   }

@@ -93,6 +93,9 @@ struct CudaPagedKvConfig {
   uint32_t shadowkv_rank = 0;
   // ShadowKV's outlier chunks per (layer, KV head) for every request; unset: the published 48.
   std::optional<uint32_t> shadowkv_outliers;
+  // The prefill attention kernel of every prefill (cuda::PagedPrefillParams::variant; -1: the
+  // default). For benchmarks that compare kernels in one process.
+  int prefill_variant = -1;
   // Seer's trained gate for every Seer request (shaped for this store's KV heads; a
   // tensor-parallel rank's share); null: the training-free gate.
   std::shared_ptr<const sparse::SeerGate> seer_gate;
