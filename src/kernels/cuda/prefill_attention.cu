@@ -469,79 +469,112 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     // A warpgroup of padding rows, or one whose rows see no key of this tile, computes it anyway
     // (its probabilities are 0): wgmma in a branch would be serialized.
     const int key0 = j * wg::kKeys;
+    // S in two halves of 64 keys, so the first half's softmax and P * V overlap the second
+    // half's products: [S keys 0-63] [S keys 64-127] [P V keys 0-63] [P V keys 64-127].
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t a = s_q + (kk >> 2) * (wg::kRows * 128) + group_row0 * 128 + (kk & 3) * 32;
-      const uint32_t b = k_buf + (kk >> 2) * (wg::kKeys * 128) + (kk & 3) * 32;
-      wgmma_m64n128k16_ss(s, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024), kk > 0 ? 1 : 0);
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t a = s_q + (kk >> 2) * (wg::kRows * 128) + group_row0 * 128 + (kk & 3) * 32;
+        const uint32_t b = k_buf + (kk >> 2) * (wg::kKeys * 128) + half * 64 * 128 + (kk & 3) * 32;
+        wgmma_m64n64k16_ss(s + 32 * half, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
+                           kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
     }
-    wgmma_commit();
     // The next tile's copies, while S runs.
     if (j + 1 < n_tiles) {
       load_kv(j + 1, s_k + ((j + 1) & 1) * wg::kTileBytes, s_v + ((j + 1) & 1) * wg::kTileBytes);
     }
     copy_async_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
 
-    // s[4 nt + 2 h + e]: row (row0 + g + 8 h), key key0 + 8 nt + 2 t4 + e.
+    // Online softmax over one half: s[32 half + 4 nt + 2 h + e] is row (row0 + g + 8 h), key
+    // key0 + 64 half + 8 nt + 2 t4 + e. Returns through alpha the rescale of what O holds.
     const bool masked = key0 + wg::kKeys - 1 > group_min_pos;
+    auto softmax_half = [&](int half, float (&alpha)[2]) {
+      float* sh = s + 32 * half;
+      const int key_base = key0 + 64 * half;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
 #pragma unroll
-      for (int nt = 0; nt < wg::kKeys / 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float v = s[4 * nt + 2 * h + e];
-          if (masked && key0 + 8 * nt + 2 * t4 + e > pos[h]) v = -INFINITY;
-          s[4 * nt + 2 * h + e] = v;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[h], mx * scale_log2);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-      const float alpha = fast_exp2(m_run[h] - m_use);
-      m_run[h] = m_new;
-      float sum = 0.0f;
+          for (int e = 0; e < 2; ++e) {
+            float v = sh[4 * nt + 2 * h + e];
+            if (masked && key_base + 8 * nt + 2 * t4 + e > pos[h]) v = -INFINITY;
+            sh[4 * nt + 2 * h + e] = v;
+            mx = fmaxf(mx, v);
+          }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[h], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = fast_exp2(m_run[h] - m_use);
+        m_run[h] = m_new;
+        float sum = 0.0f;
 #pragma unroll
-      for (int nt = 0; nt < wg::kKeys / 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = fast_exp2(fmaf(s[4 * nt + 2 * h + e], scale_log2, -m_use));
-          s[4 * nt + 2 * h + e] = pr;
-          sum += pr;
-        }
-      l_run[h] = l_run[h] * alpha + sum;
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        o[4 * dt + 2 * h] *= alpha;
-        o[4 * dt + 2 * h + 1] *= alpha;
+          for (int e = 0; e < 2; ++e) {
+            const float pr = fast_exp2(fmaf(sh[4 * nt + 2 * h + e], scale_log2, -m_use));
+            sh[4 * nt + 2 * h + e] = pr;
+            sum += pr;
+          }
+        l_run[h] = l_run[h] * alpha[h] + sum;
       }
-    }
-    // P as the A operand, keys 16 kk .. +16: the S accumulators of key columns 2 kk and 2 kk + 1.
-    uint32_t a[wg::kKeys / 16][4];
+    };
+    auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
-    for (int kk = 0; kk < wg::kKeys / 16; ++kk) {
-      a[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-      a[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-      a[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-      a[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+      for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          o[4 * dt + 2 * h] *= alpha[h];
+          o[4 * dt + 2 * h + 1] *= alpha[h];
+        }
+    };
+    // P of one half as the A operand and O += P V over its 64 keys (4 k16 steps).
+    auto pv_half = [&](int half) {
+      uint32_t a[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float* sh = s + 32 * half + 8 * kk;
+        a[kk][0] = pack_bf16(sh[0], sh[1]);
+        a[kk][1] = pack_bf16(sh[2], sh[3]);
+        a[kk][2] = pack_bf16(sh[4], sh[5]);
+        a[kk][3] = pack_bf16(sh[6], sh[7]);
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        // V rows (keys) 16 (4 half + kk) .. +16 along K; 128 dims along N in two 64-dim halves
+        // kKeys * 128 bytes apart.
+        wgmma_m64n128k16_rs(o, a[kk], wgmma_desc_sw128(v_buf + (4 * half + kk) * 2048, wg::kKeys * 128, 1024));
+      }
+      wgmma_commit();
+    };
+
+    float alpha[2];
+    wgmma_wait<1>();  // S of the first half
+#pragma unroll
+    for (int i = 0; i < 32; ++i) wgmma_fence_operand(s[i]);
+    softmax_half(0, alpha);
+    rescale_o(alpha);
+    pv_half(0);
+    wgmma_wait<1>();  // S of the second half (P V of the first may still run)
+#pragma unroll
+    for (int i = 32; i < 64; ++i) wgmma_fence_operand(s[i]);
+    softmax_half(1, alpha);
+    wgmma_wait<0>();  // P V of the first half: O may be rescaled
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < wg::kKeys / 16; ++kk) {
-      // V rows (keys) 16 kk .. +16 along K; 128 dims along N in two 64-dim halves kKeys * 128 bytes apart.
-      wgmma_m64n128k16_rs(o, a[kk], wgmma_desc_sw128(v_buf + kk * 2048, wg::kKeys * 128, 1024));
-    }
-    wgmma_commit();
+    rescale_o(alpha);
+    pv_half(1);
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
