@@ -51,6 +51,7 @@ struct EvalArgs {
   std::string locality;
   int threads = 0;
   uint64_t seed = 1;
+  std::string seer_gate;  // seer's trained gate (safetensors); empty: the training-free gate
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -312,10 +313,12 @@ struct Store {
   }
 };
 
-sparse::SparseSettings settings_for(const std::string& algorithm, double budget) {
+sparse::SparseSettings settings_for(const std::string& algorithm, double budget,
+                                    const std::shared_ptr<const sparse::SeerGate>& seer_gate) {
   sparse::SparseSettings s;
   s.algorithm = algorithm;
   s.budget_fraction = budget;
+  s.seer_gate = seer_gate;
   return s;
 }
 
@@ -338,6 +341,7 @@ struct EvalContext {
   int64_t answer_tokens;
   kv::SelectionTrace* trace;
   json* trace_requests;
+  std::shared_ptr<const sparse::SeerGate> seer_gate;
 };
 
 Reference run_dense(EvalContext& ctx, const Prompt& prompt) {
@@ -378,7 +382,7 @@ json run_session(EvalContext& ctx, const Reference& ref, const std::string& algo
   const auto t0 = Clock::now();
   auto open = [&](Store& store) {
     auto paged = std::make_unique<sparse::PagedSparseAttention>(*store.kv, *store.memory, ctx.shape,
-                                                               settings_for(algorithm, budget));
+                                                               settings_for(algorithm, budget, ctx.seer_gate));
     ref.capture->replay(*paged, T, 1024);
     paged->finish_prefill();
     return paged;
@@ -540,7 +544,8 @@ void run_eval(const EvalArgs& a) {
   kv::SelectionTrace trace;
   json trace_requests = json::array();
   EvalContext ctx{&transformer, &tok, transformer.attention_shape(), a.steps, 12,
-                  a.trace.empty() ? nullptr : &trace, &trace_requests};
+                  a.trace.empty() ? nullptr : &trace, &trace_requests,
+                  a.seer_gate.empty() ? nullptr : sparse::load_seer_gate(a.seer_gate, transformer.attention_shape())};
   json results = json::array(), prompt_info = json::array();
   uint32_t request = 0;
   const auto t0 = Clock::now();
@@ -581,6 +586,7 @@ void run_eval(const EvalArgs& a) {
                     {"context", a.context},
                     {"steps", a.steps},
                     {"seed", a.seed},
+                    {"seer_gate", a.seer_gate.empty() ? "training-free" : a.seer_gate},
                     {"dense_needle_accuracy", dense_needles ? double(dense_correct) / dense_needles : -1.0},
                     {"prompts", prompt_info},
                     {"summary", summary},
@@ -685,6 +691,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--locality", args->locality, "replay a recorded trace: hit rate vs buffer size");
   cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
   cmd->add_option("--seed", args->seed, "seed of the generated prompts")->capture_default_str();
+  cmd->add_option("--seer-gate", args->seer_gate,
+                  "seer: trained gate weights (safetensors, layers.{l}.seer.k_gate / q_gate per layer); default: the "
+                  "training-free gate");
   cmd->callback([args] {
     if (!args->locality.empty()) return run_locality(*args);
     SPIN_CHECK(!args->load.model.empty(), "spin eval needs --model (or --locality TRACE)");

@@ -12,7 +12,7 @@ import pytest
 
 CONTEXT = 512
 STEPS = 4
-N_LAYERS, N_KV_HEADS = 30, 3  # SmolLM2-135M
+N_LAYERS, N_KV_HEADS, GROUP = 30, 3, 3  # SmolLM2-135M
 
 
 def run(spin_bin, *args, check=True):
@@ -139,3 +139,39 @@ def test_locality_rejects_a_bad_trace(spin_bin, test_tmp):
     bad.write_bytes(b"SPINTRC1" + b"\0" * 10)
     proc = run(spin_bin, "eval", "--locality", bad, "--out", test_tmp / "eval_bad", check=False)
     assert proc.returncode == 1 and "not a spin selection trace" in proc.stderr
+
+
+def test_seer_trained_gate(spin_bin, test_model, test_tmp):
+    """`--seer-gate`: the report names the gate; a full budget stays exact; at 1/8 the trained gate
+    (random weights of SmolLM2's shape: 30 layers, 3 KV heads of 3 query heads, head_dim 64)
+    chooses otherwise than the training-free one; a gate of another shape is refused."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(3)
+
+    def write_gate(path, head_dim):
+        save_file({f"layers.{l}.seer.{name}": rng.normal(0, rows ** -0.5, (N_KV_HEADS, rows, head_dim)).astype(np.float32)
+                   for l in range(N_LAYERS)
+                   for name, rows in (("k_gate", 3 * head_dim), ("q_gate", GROUP * head_dim))},
+                  str(path))
+        return path
+
+    gate = write_gate(test_tmp / "eval_seer_gate.safetensors", 64)
+    reports = {}
+    for name, extra in (("trained", ["--seer-gate", gate]), ("training-free", [])):
+        out = test_tmp / f"eval_seer_{name}"
+        run(spin_bin, "eval", "--model", test_model, "--algorithms", "seer", "--budgets", "1/8,1", "--context",
+            CONTEXT, "--steps", STEPS, "--depths", "0.5", "--documents", "0", "--threads", "2", "--out", out, *extra)
+        reports[name] = json.loads((out / "fidelity.json").read_text())
+    assert reports["trained"]["seer_gate"] == str(gate)
+    assert reports["training-free"]["seer_gate"] == "training-free"
+    for r in reports["trained"]["results"]:
+        if r["budget"] == "1":
+            assert r["top1_agreement"] == 1.0 and r["attn_rel_err_mean"] < 1e-5, r
+    errors = {name: [r["attn_rel_err_mean"] for r in report["results"] if r["budget"] == "1/8"]
+              for name, report in reports.items()}
+    assert errors["trained"] != errors["training-free"]
+
+    proc = run(spin_bin, "eval", "--model", test_model, "--algorithms", "seer", "--context", CONTEXT, "--out",
+               test_tmp / "eval_bad", "--seer-gate", write_gate(test_tmp / "eval_bad_gate.safetensors", 32),
+               check=False)
+    assert proc.returncode == 1 and "layers.0.seer.k_gate" in proc.stderr, proc.stderr[-500:]
