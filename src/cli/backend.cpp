@@ -59,9 +59,9 @@ int cuda_device_count() {
 #endif
 }
 
-// --seer-gate, read for the model's whole attention shape; null without the flag.
 using SeerGatePtr = std::shared_ptr<const sparse::SeerGate>;
 
+// --seer-gate, read for the model's whole attention shape; null without the flag.
 SeerGatePtr seer_gate(const BackendOptions& options, const ModelConfig& config) {
   if (options.seer_gate.empty()) return nullptr;
   const AttentionShape shape{.n_layers = config.n_layers, .n_heads = config.n_heads, .n_kv_heads = config.n_kv_heads,

@@ -109,16 +109,21 @@ def test_cuda_device_serves_or_says_why_not(tmp_path):
         assert "error: --device cuda:" in err, err
 
 
+def expect_startup_error(args, message):
+    """spin serve with `args` exits with status 1 and `message` on stderr, without hanging."""
+    proc, _ = start(*args)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"spin serve {' '.join(map(str, args))} hung after a startup error")
+    assert proc.returncode == 1 and message in err, err
+
+
 def test_startup_errors_end_the_process():
     for args, message in [(["--model", "/nonexistent/model.gguf"], "model not found"),
                           (["--model", "tiny-llama", "--load-format", "dummy", "--max-num-seqs", "0"], "--max-num-seqs")]:
-        proc, _ = start(*args)
-        try:
-            _, err = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail(f"spin serve {' '.join(args)} hung after a startup error")
-        assert proc.returncode == 1 and message in err, err
+        expect_startup_error(args, message)
 
 
 def test_unknown_device_is_refused():
@@ -138,28 +143,38 @@ def completion(port, body):
         conn.close()
 
 
+def served_logprobs(body, *args):
+    """Starts spin serve with `args`, answers `body` (a completion asking for logprobs), stops it;
+    returns the answer's logprobs and the server's stderr."""
+    proc, port = start(*args)
+    try:
+        assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
+        status, answer = completion(port, body)
+        assert status == 200, answer
+    finally:
+        err = stop(proc)
+    assert proc.returncode == 0, err
+    return answer["choices"][0]["logprobs"], err
+
+
+def assert_same_answer(split, one):
+    assert split["tokens"] == one["tokens"]
+    for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
+        assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+
 def test_tensor_parallel_serves_what_one_rank_serves():
     """`--tp 2` on the CPU (two ranks, each with half the heads) answers as one rank does; vLLM's
     `-tp 2` spelling works too. Same dummy weights, greedy, token-id prompts."""
     body = {"prompt": [1, 7, 42, 99, 3, 250, 17], "max_tokens": 12, "temperature": 0, "logprobs": 3}
     answers = []
     for tp in (["--tp", "1"], ["-tp", "2"], ["--tensor-parallel-size", "2"]):
-        proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
-                           "--max-model-len", "256", *tp)
-        try:
-            assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
-            status, answer = completion(port, body)
-            assert status == 200, answer
-            answers.append(answer["choices"][0]["logprobs"])
-        finally:
-            err = stop(proc)
-        assert proc.returncode == 0, err
+        logprobs, err = served_logprobs(body, "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu",
+                                        "--max-model-len", "256", *tp)
         assert ("tensor parallel over 2 ranks" in err) == (tp[1] == "2"), err
-    one = answers[0]
+        answers.append(logprobs)
     for split in answers[1:]:
-        assert split["tokens"] == one["tokens"]
-        for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
-            assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+        assert_same_answer(split, answers[0])
 
 
 def write_seer_gate(path, layers, kv_heads, group, head_dim, rows_extra=0, seed=5):
@@ -183,22 +198,11 @@ def test_seer_gate_serves_and_splits_over_ranks(tmp_path):
     trained gate answers otherwise than the training-free one (it is used)."""
     gate = write_seer_gate(tmp_path / "gate.safetensors", 2, 2, 2, 16)
     body = {"prompt": list(range(3, 200)), "max_tokens": 8, "temperature": 0, "logprobs": 1}
-    answers = []
-    for flags in (["--seer-gate", gate, "--tp", "1"], ["--seer-gate", gate, "--tp", "2"], []):
-        proc, port = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--max-model-len",
-                           "512", "--sparse-algorithm", "seer", "--sparse-budget", "32", *flags)
-        try:
-            assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
-            status, answer = completion(port, body)
-            assert status == 200, answer
-            answers.append(answer["choices"][0]["logprobs"])
-        finally:
-            err = stop(proc)
-        assert proc.returncode == 0, err
-    one, split, training_free = answers
-    assert split["tokens"] == one["tokens"]
-    for a, b in zip(split["token_logprobs"], one["token_logprobs"]):
-        assert abs(a - b) <= 1e-4 * max(1.0, abs(b))
+    one, split, training_free = (
+        served_logprobs(body, "--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--max-model-len",
+                        "512", "--sparse-algorithm", "seer", "--sparse-budget", "32", *flags)[0]
+        for flags in (["--seer-gate", gate, "--tp", "1"], ["--seer-gate", gate, "--tp", "2"], []))
+    assert_same_answer(split, one)
     assert max(abs(a - b) for a, b in zip(one["token_logprobs"], training_free["token_logprobs"])) > 1e-5
 
 
@@ -206,10 +210,5 @@ def test_bad_seer_gate_ends_the_process(tmp_path):
     wrong_shape = write_seer_gate(tmp_path / "wrong.safetensors", 2, 2, 2, 16, rows_extra=1)
     for gate, message in [(tmp_path / "missing.safetensors", "missing.safetensors"),
                           (wrong_shape, "layers.0.seer.k_gate")]:
-        proc, _ = start("--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--seer-gate", gate)
-        try:
-            _, err = proc.communicate(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            pytest.fail("spin serve hung after a bad --seer-gate")
-        assert proc.returncode == 1 and message in err, err
+        expect_startup_error(["--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--seer-gate", gate],
+                             message)

@@ -524,7 +524,6 @@ sparse::AlgorithmTraits algorithm_traits(const char* name, const AttentionShape&
       ->traits();
 }
 
-// Checks what the kernels support and returns the pool's groups (the scratch group not counted).
 // Whether Seer's trained gate can run on a store of `page_size`-token pages: its Index keeps a
 // block's running pools in the summaries of the block's first three pages, within one chunk.
 bool trained_seer_blocks_fit(int64_t page_size) {
@@ -533,6 +532,7 @@ bool trained_seer_blocks_fit(int64_t page_size) {
   return block % page_size == 0 && pages >= 3 && cuda::kSummaryChunkPages % pages == 0;
 }
 
+// Checks what the kernels support and returns the pool's groups (the scratch group not counted).
 PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
   SPIN_CHECK(shape.n_layers > 0 && shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0,
              "CUDA attention: bad shape ({} layers, {} heads, {} KV heads)", shape.n_layers, shape.n_heads,

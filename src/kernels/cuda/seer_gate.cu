@@ -29,48 +29,63 @@ namespace {
 constexpr int kWarps = 8;  // warps per block, both kernels
 constexpr unsigned kFull = 0xffffffffu;
 
+// The RoPE pairs lane `lane` owns: pair lane + 32 j (j < kPairs) is dimensions dim[j] and
+// dim[kPairs + j], turned by freq[j] per position.
+template <int D>
+struct LanePairs {
+  static constexpr int kPairs = D / 64;
+  int dim[2 * kPairs];
+  double freq[kPairs];
+
+  __device__ LanePairs(int lane, const float* inv_freq, bool neox) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int pair = lane + 32 * j;
+      dim[j] = neox ? pair : 2 * pair;
+      dim[kPairs + j] = neox ? pair + D / 2 : 2 * pair + 1;
+      freq[j] = static_cast<double>(inv_freq[pair]);
+    }
+  }
+
+  // fold(k, x) for each token of the page at `keys` (positions pos0, pos0 + 1, ..) and each of the
+  // lane's dimensions dim[k]: x is the stored key turned back to position 0.
+  template <typename Fold>
+  __device__ void turn_back_page(const __nv_bfloat16* keys, int64_t pos0, int page_size, Fold fold) const {
+    for (int t = 0; t < page_size; ++t) {
+      const __nv_bfloat16* row = keys + static_cast<int64_t>(t) * D;
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) {
+        double s, c;
+        sincos(static_cast<double>(pos0 + t) * freq[j], &s, &c);
+        const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
+        const float k0 = __bfloat162float(row[dim[j]]), k1 = __bfloat162float(row[dim[kPairs + j]]);
+        // k = R(angle) x, so x = R(-angle) k.
+        fold(j, k0 * cf + k1 * sf);
+        fold(kPairs + j, k1 * cf - k0 * sf);
+      }
+    }
+  }
+};
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) seer_index_kernel(SeerIndexParams p) {
-  constexpr int kHalf = D / 2;
-  constexpr int kPairs = kHalf / 32;  // pairs per lane
   const int lane = threadIdx.x % 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (i >= p.num_pages) return;  // whole warp
   const int32_t src = p.src_pages[i];
   const int32_t dst = p.dst_entries[i];
   if (src < 0 || dst < 0) return;  // whole warp
-  const __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(src) * 2 * p.page_size * D;
-  const int64_t pos0 = static_cast<int64_t>(p.logical_pages[i]) * p.page_size;
-  int a[kPairs], b[kPairs];
-  double freq[kPairs];
-  float sum_a[kPairs], sum_b[kPairs];
+  const LanePairs<D> pairs(lane, p.inv_freq, p.neox);
+  constexpr int kDims = 2 * LanePairs<D>::kPairs;
+  float sum[kDims];
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    const int pair = lane + 32 * j;
-    a[j] = p.neox ? pair : 2 * pair;
-    b[j] = p.neox ? pair + kHalf : 2 * pair + 1;
-    freq[j] = static_cast<double>(p.inv_freq[pair]);
-    sum_a[j] = sum_b[j] = 0.0f;
-  }
-  for (int t = 0; t < p.page_size; ++t) {
-    const __nv_bfloat16* row = keys + static_cast<int64_t>(t) * D;
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      double s, c;
-      sincos(static_cast<double>(pos0 + t) * freq[j], &s, &c);
-      const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
-      const float k0 = __bfloat162float(row[a[j]]), k1 = __bfloat162float(row[b[j]]);
-      // k = R(angle) x, so x = R(-angle) k.
-      sum_a[j] += k0 * cf + k1 * sf;
-      sum_b[j] += k1 * cf - k0 * sf;
-    }
-  }
+  for (int k = 0; k < kDims; ++k) sum[k] = 0.0f;
+  pairs.turn_back_page(p.kv_pool + static_cast<int64_t>(src) * 2 * p.page_size * D,
+                       static_cast<int64_t>(p.logical_pages[i]) * p.page_size, p.page_size,
+                       [&](int k, float x) { sum[k] += x; });
   float* out = reinterpret_cast<float*>(p.summaries + static_cast<int64_t>(dst) * 2 * D);
 #pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    out[a[j]] = sum_a[j];
-    out[b[j]] = sum_b[j];
-  }
+  for (int k = 0; k < kDims; ++k) out[pairs.dim[k]] = sum[k];
 }
 
 template <int V>
@@ -229,9 +244,8 @@ cudaError_t launch_score(const SeerScoreParams& p, dim3 grid, cudaStream_t strea
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) seer_trained_index_kernel(SeerTrainedIndexParams p) {
-  constexpr int kHalf = D / 2;
-  constexpr int kPairs = kHalf / 32;  // pairs per lane
-  constexpr int V = D / 32;           // key dimensions per lane
+  constexpr int V = D / 32;  // key dimensions per lane
+  constexpr int kDims = 2 * LanePairs<D>::kPairs;
   __shared__ float pooled_of[kWarps][3 * D];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
@@ -244,48 +258,28 @@ __global__ void __launch_bounds__(kWarps * 32) seer_trained_index_kernel(SeerTra
   const int64_t block_entry = p.dst_entries[begin] - first_page % bp;  // the entry of the block's first page
   const int h = static_cast<int>((p.dst_entries[begin] / kSummaryChunkPages) % p.num_kv_heads);
   auto* entries = reinterpret_cast<float*>(p.summaries);  // entry e: D floats at e * D
-  int dim[2 * kPairs];
-  double freq[kPairs];
-#pragma unroll
-  for (int j = 0; j < kPairs; ++j) {
-    const int pair = lane + 32 * j;
-    dim[j] = p.neox ? pair : 2 * pair;
-    dim[kPairs + j] = p.neox ? pair + kHalf : 2 * pair + 1;
-    freq[j] = static_cast<double>(p.inv_freq[pair]);
-  }
-  float hi[2 * kPairs], lo[2 * kPairs], sum[2 * kPairs];
+  const LanePairs<D> pairs(lane, p.inv_freq, p.neox);
+  const int* dim = pairs.dim;
+  float hi[kDims], lo[kDims], sum[kDims];
   const bool fresh = first_page % bp == 0;
 #pragma unroll
-  for (int k = 0; k < 2 * kPairs; ++k) {
+  for (int k = 0; k < kDims; ++k) {
     hi[k] = fresh ? -INFINITY : entries[block_entry * D + dim[k]];
     lo[k] = fresh ? INFINITY : entries[(block_entry + 1) * D + dim[k]];
     sum[k] = fresh ? 0.0f : entries[(block_entry + 2) * D + dim[k]];
   }
   for (int i = begin; i < end; ++i) {
-    const __nv_bfloat16* keys = p.kv_pool + static_cast<int64_t>(p.src_pages[i]) * 2 * p.page_size * D;
-    const int64_t pos0 = static_cast<int64_t>(p.logical_pages[i]) * p.page_size;
-    for (int t = 0; t < p.page_size; ++t) {
-      const __nv_bfloat16* row = keys + static_cast<int64_t>(t) * D;
-#pragma unroll
-      for (int j = 0; j < kPairs; ++j) {
-        double s, c;
-        sincos(static_cast<double>(pos0 + t) * freq[j], &s, &c);
-        const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
-        const float k0 = __bfloat162float(row[dim[j]]), k1 = __bfloat162float(row[dim[kPairs + j]]);
-        const float x0 = k0 * cf + k1 * sf, x1 = k1 * cf - k0 * sf;  // x = R(-angle) k
-        hi[j] = fmaxf(hi[j], x0);
-        lo[j] = fminf(lo[j], x0);
-        sum[j] += x0;
-        hi[kPairs + j] = fmaxf(hi[kPairs + j], x1);
-        lo[kPairs + j] = fminf(lo[kPairs + j], x1);
-        sum[kPairs + j] += x1;
-      }
-    }
+    pairs.turn_back_page(p.kv_pool + static_cast<int64_t>(p.src_pages[i]) * 2 * p.page_size * D,
+                         static_cast<int64_t>(p.logical_pages[i]) * p.page_size, p.page_size, [&](int k, float x) {
+                           hi[k] = fmaxf(hi[k], x);
+                           lo[k] = fminf(lo[k], x);
+                           sum[k] += x;
+                         });
   }
   const int32_t last_page = p.logical_pages[end - 1];
   if (last_page % bp != bp - 1) {  // the block goes on: keep its running pools
 #pragma unroll
-    for (int k = 0; k < 2 * kPairs; ++k) {
+    for (int k = 0; k < kDims; ++k) {
       entries[block_entry * D + dim[k]] = hi[k];
       entries[(block_entry + 1) * D + dim[k]] = lo[k];
       entries[(block_entry + 2) * D + dim[k]] = sum[k];
@@ -295,7 +289,7 @@ __global__ void __launch_bounds__(kWarps * 32) seer_trained_index_kernel(SeerTra
   float* pooled = pooled_of[warp];
   const float count = static_cast<float>(bp * p.page_size);
 #pragma unroll
-  for (int k = 0; k < 2 * kPairs; ++k) {
+  for (int k = 0; k < kDims; ++k) {
     pooled[dim[k]] = hi[k];
     pooled[D + dim[k]] = lo[k];
     pooled[2 * D + dim[k]] = sum[k] / count;
