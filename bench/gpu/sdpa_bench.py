@@ -1,7 +1,7 @@
 """PyTorch SDPA decode attention (cuDNN and flash backends) on the shapes of
 gpu_kernels_bench.cu's dense benchmark, as CSV rows bench,config,variant,time_us,bytes,gbps;
 then causal prefill on the shapes of its prefill benchmark (rows `prefill`: the bytes column
-holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s).
+holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s). Usage: sdpa_bench.py [--prefill-only] [out.csv].
 
 Contiguous bf16 K/V [B, Hkv, S, 128], q [B, Hq, 1, 128], GQA through enable_gqa. Timing matches
 the spin side: a CUDA graph of max(copies, 4) calls rotating over input copies (>= 512 MB per
@@ -59,11 +59,14 @@ def time_calls(fn, calls):
 
 
 def main():
-    out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
+    args = sys.argv[1:]
+    prefill_only = "--prefill-only" in args
+    paths = [a for a in args if a != "--prefill-only"]
+    out = open(paths[0], "w") if paths else sys.stdout
     out.write("bench,config,variant,time_us,bytes,gbps\n")
     d, hkv = 128, 8
     backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]
-    for context in (32768, 131072):
+    for context in () if prefill_only else (32768, 131072):
         for group in (5, 4):
             for batch in (1, 8, 32):
                 hq = hkv * group

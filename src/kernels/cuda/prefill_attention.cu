@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
 //   O[64 x 128 dims] += P[64 x 128 keys] * V     (8 wgmma m64n128k16, P from registers)
 // with the same online softmax as above. Q, K and V tiles sit in shared memory in the 128-byte
 // swizzled layout of wgmma.cuh (two 64-dim halves of 128 rows each); K and V are double-buffered
-// by cp.async, the next tile loading while this one is computed.
+// by cp.async, K two tiles ahead of its use and V one.
 namespace wg {
 constexpr int kRows = 128;
 constexpr int kKeys = 128;
@@ -424,25 +424,40 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
              static_cast<int64_t>(kv_head * group + row - tl * group) * D + chunk * 8;
     copy_async(s_q + wg::offset(row, chunk), src, valid ? 16 : 0);
   }
-  // K (part 0) and V (part 1) of KV tile `tile`; keys at or past kv_end are zero-filled.
-  auto load_kv = [&](int tile, uint32_t k_dst, uint32_t v_dst) {
+  // The page ids of KV tile `tile`, one per lane: lane l holds the id of the tile's l-th page (a
+  // tile of 128 keys spans at most 16 pages of 8 or more tokens). Loaded an iteration before the
+  // copies that use them, so no copy waits on a dependent load.
+  const int list_pages = (kv_end + ps - 1) / ps;
+  auto first_page = [&](int tile) { return static_cast<int>(__umulhi(static_cast<uint32_t>(tile * wg::kKeys), page_magic)); };
+  auto tile_ids = [&](int tile) {
+    const int page = first_page(tile) + (lane & 15);
+    return page < list_pages ? ids[page] : 0;
+  };
+  // K (part 0) or V (part 1) of KV tile `tile` into dst; keys at or past kv_end are zero-filled.
+  auto load_part = [&](int tile, uint32_t dst, int part, int32_t lane_ids) {
+    const int first = first_page(tile);
 #pragma unroll
     for (int it = 0; it < wg::kKeys * 16 / wg::kThreads; ++it) {
       const int i = tid + it * wg::kThreads;
       const int row = i >> 4, chunk = i & 15;
       const int key = tile * wg::kKeys + row;
+      const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
+      const int32_t id = __shfl_sync(0xffffffffu, lane_ids, (page - first) & 15);
       const bool valid = key < kv_end;
       const __nv_bfloat16* src = p.kv_pool;
-      if (valid) {
-        const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
-        src += static_cast<size_t>(ids[page]) * page_elems + static_cast<size_t>(key - page * ps) * D + chunk * 8;
-      }
-      copy_async(k_dst + wg::offset(row, chunk), src, valid ? 16 : 0);
-      copy_async(v_dst + wg::offset(row, chunk), valid ? src + ps * D : src, valid ? 16 : 0);
+      if (valid) src += static_cast<size_t>(id) * page_elems + static_cast<size_t>(part * ps + key - page * ps) * D + chunk * 8;
+      copy_async(dst + wg::offset(row, chunk), src, valid ? 16 : 0);
     }
   };
-  load_kv(0, s_k, s_v);
+  int32_t ids_v = tile_ids(0);  // V's tile this iteration, then K's (two tiles ahead)
+  int32_t ids_k = n_tiles > 1 ? tile_ids(1) : 0;
+  load_part(0, s_k, 0, ids_v);
   copy_async_commit();
+  load_part(0, s_v, 1, ids_v);
+  if (n_tiles > 1) load_part(1, s_k + wg::kTileBytes, 0, ids_k);
+  copy_async_commit();
+  ids_v = ids_k;
+  ids_k = n_tiles > 2 ? tile_ids(2) : 0;
 
   // This thread's rows: row0 + g and row0 + g + 8, at positions pos[0], pos[1].
   const int group_row0 = group_of_warps * 64;
@@ -454,132 +469,164 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   const float scale_log2 = p.scale * kLog2e;
   float o[64];
   float s[64];
+  uint32_t pk[8][4];  // P of the tile being multiplied into O, bf16 pairs (the A operand per 16 keys)
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  // A warpgroup of padding rows, or one whose rows see no key of a tile, computes it anyway (its
+  // probabilities are 0): wgmma in a branch would be serialized.
+  // S = Q K^T of tile j into s (8 wgmma m64n128k16 over the head dims).
+  auto issue_s = [&](int j) {
     const uint32_t k_buf = s_k + (j & 1) * wg::kTileBytes;
-    const uint32_t v_buf = s_v + (j & 1) * wg::kTileBytes;
-    copy_async_wait<0>();        // Q and tile j have landed (this thread's pieces)
-    fence_proxy_async_shared();  // visible to wgmma
-    __syncthreads();             // every thread's pieces; every warpgroup done with tile j - 1
-
-    // A warpgroup of padding rows, or one whose rows see no key of this tile, computes it anyway
-    // (its probabilities are 0): wgmma in a branch would be serialized.
-    const int key0 = j * wg::kKeys;
-    // S in two halves of 64 keys, so the first half's softmax and P * V overlap the second
-    // half's products: [S keys 0-63] [S keys 64-127] [P V keys 0-63] [P V keys 64-127].
 #pragma unroll
     for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
     wgmma_fence();
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t a = s_q + (kk >> 2) * (wg::kRows * 128) + group_row0 * 128 + (kk & 3) * 32;
+      const uint32_t b = k_buf + (kk >> 2) * (wg::kKeys * 128) + (kk & 3) * 32;
+      wgmma_m64n128k16_ss(s, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V of tile j, P from pk (8 wgmma m64n128k16: 16 keys each; V's 128 dims along N in two
+  // 64-dim halves kKeys * 128 bytes apart).
+  auto issue_pv = [&](int j) {
+    const uint32_t v_buf = s_v + (j & 1) * wg::kTileBytes;
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t a = s_q + (kk >> 2) * (wg::kRows * 128) + group_row0 * 128 + (kk & 3) * 32;
-        const uint32_t b = k_buf + (kk >> 2) * (wg::kKeys * 128) + half * 64 * 128 + (kk & 3) * 32;
-        wgmma_m64n64k16_ss(s + 32 * half, wgmma_desc_sw128(a, 16, 1024), wgmma_desc_sw128(b, 16, 1024),
-                           kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
-    }
-    // The next tile's copies, while S runs.
-    if (j + 1 < n_tiles) {
-      load_kv(j + 1, s_k + ((j + 1) & 1) * wg::kTileBytes, s_v + ((j + 1) & 1) * wg::kTileBytes);
-    }
-    copy_async_commit();
-
-    // Online softmax over one half: s[32 half + 4 nt + 2 h + e] is row (row0 + g + 8 h), key
-    // key0 + 64 half + 8 nt + 2 t4 + e. Returns through alpha the rescale of what O holds.
-    const bool masked = key0 + wg::kKeys - 1 > group_min_pos;
-    auto softmax_half = [&](int half, float (&alpha)[2]) {
-      float* sh = s + 32 * half;
-      const int key_base = key0 + 64 * half;
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wgmma_m64n128k16_rs(o, pk[kk], wgmma_desc_sw128(v_buf + kk * 2048, wg::kKeys * 128, 1024));
+    wgmma_commit();
+  };
+  // Online softmax of tile j in s: s[4 nt + 2 h + e] is row (row0 + g + 8 h), key 128 j + 8 nt +
+  // 2 t4 + e. Returns through alpha the rescale of what O holds.
+  auto softmax = [&](int j, float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+    // The causal mask, on the tiles that reach past the warpgroup's first position only (the
+    // branch is uniform in the warpgroup). Key 8 nt + e of this thread's columns lies past the
+    // row's position when 8 nt + e > last (compared against immediates: a register per key would
+    // crowd out the in-flight operands).
+    const int key0 = j * wg::kKeys;
+    if (key0 + wg::kKeys - 1 > group_min_pos) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
+        const int last = pos[h] - key0 - 2 * t4;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 16; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float v = sh[4 * nt + 2 * h + e];
-            if (masked && key_base + 8 * nt + 2 * t4 + e > pos[h]) v = -INFINITY;
-            sh[4 * nt + 2 * h + e] = v;
-            mx = fmaxf(mx, v);
-          }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run[h], mx * scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[h] = fast_exp2(m_run[h] - m_use);
-        m_run[h] = m_new;
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pr = fast_exp2(fmaf(sh[4 * nt + 2 * h + e], scale_log2, -m_use));
-            sh[4 * nt + 2 * h + e] = pr;
-            sum += pr;
-          }
-        l_run[h] = l_run[h] * alpha[h] + sum;
+          for (int e = 0; e < 2; ++e)
+            if (8 * nt + e > last) s[4 * nt + 2 * h + e] = -INFINITY;
       }
-    };
-    auto rescale_o = [&](const float (&alpha)[2]) {
+    }
+    // Row maxima and sums over 4 independent chains each, not one chain of 32 dependent steps.
 #pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt)
+    for (int h = 0; h < 2; ++h) {
+      float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          o[4 * dt + 2 * h] *= alpha[h];
-          o[4 * dt + 2 * h + 1] *= alpha[h];
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) mx4[2 * (nt & 1) + e] = fmaxf(mx4[2 * (nt & 1) + e], s[4 * nt + 2 * h + e]);
+      float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[h], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = fast_exp2(m_run[h] - m_use);
+      m_run[h] = m_new;
+      float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = fast_exp2(fmaf(s[4 * nt + 2 * h + e], scale_log2, -m_use));
+          s[4 * nt + 2 * h + e] = pr;
+          sum4[2 * (nt & 1) + e] += pr;
         }
-    };
-    // P of one half as the A operand and O += P V over its 64 keys (4 k16 steps).
-    auto pv_half = [&](int half) {
-      uint32_t a[4][4];
+      l_run[h] = l_run[h] * alpha[h] + ((sum4[0] + sum4[1]) + (sum4[2] + sum4[3]));
+    }
+    // Pins the results before the next wgmma wait: the compiler would otherwise sink this
+    // arithmetic past it, and the softmax would no longer overlap the products.
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const float* sh = s + 32 * half + 8 * kk;
-        a[kk][0] = pack_bf16(sh[0], sh[1]);
-        a[kk][1] = pack_bf16(sh[2], sh[3]);
-        a[kk][2] = pack_bf16(sh[4], sh[5]);
-        a[kk][3] = pack_bf16(sh[6], sh[7]);
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wgmma_fence_operand(alpha[h]);
+      wgmma_fence_operand(l_run[h]);
+    }
+  };
+  // Once P V of the previous tile has finished: O's rescale, and the packing of P (before S of the
+  // next tile overwrites s).
+  auto rescale_o = [&](const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        o[4 * dt + 2 * h] *= alpha[h];
+        o[4 * dt + 2 * h + 1] *= alpha[h];
       }
+  };
+  auto pack_p = [&] {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        // V rows (keys) 16 (4 half + kk) .. +16 along K; 128 dims along N in two 64-dim halves
-        // kKeys * 128 bytes apart.
-        wgmma_m64n128k16_rs(o, a[kk], wgmma_desc_sw128(v_buf + (4 * half + kk) * 2048, wg::kKeys * 128, 1024));
-      }
-      wgmma_commit();
-    };
+    for (int kk = 0; kk < 8; ++kk) {
+      pk[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pk[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pk[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pk[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+  // ptxas schedules inside basic blocks and moves a wgmma wait up to the first instruction it
+  // finds room for; a branch it cannot remove (valid_params refuses a negative count) ends a block.
+  auto schedule_boundary = [&] {
+    if (p.num_seqs < 0) __trap();
+  };
+  // Waits for this thread's copies, then makes every thread's visible to wgmma.
+  auto copies_landed = [&] {
+    copy_async_wait<0>();
+    fence_proxy_async_shared();
+    __syncthreads();
+  };
 
-    float alpha[2];
-    wgmma_wait<1>();  // S of the first half
-#pragma unroll
-    for (int i = 0; i < 32; ++i) wgmma_fence_operand(s[i]);
-    softmax_half(0, alpha);
+  // Software pipeline over KV tiles: while the tensor cores run S of tile j + 1 and O += P V of
+  // tile j, the warpgroup computes the softmax of tile j + 1; only O's rescale and P's packing wait
+  // for the products. K is loaded two tiles ahead, V one.
+  float alpha[2];
+  copy_async_wait<1>();  // Q and K of tile 0
+  fence_proxy_async_shared();
+  __syncthreads();
+  issue_s(0);
+  wgmma_wait<0>();
+  softmax(0, alpha);
+  for (int j = 0; j + 1 < n_tiles; ++j) {
+    copies_landed();  // V of tile j, K of tile j + 1; every warpgroup done with S of j and P V of j - 1
+    pack_p();
     rescale_o(alpha);
-    pv_half(0);
-    wgmma_wait<1>();  // S of the second half (P V of the first may still run)
-#pragma unroll
-    for (int i = 32; i < 64; ++i) wgmma_fence_operand(s[i]);
-    softmax_half(1, alpha);
-    wgmma_wait<0>();  // P V of the first half: O may be rescaled
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
-    rescale_o(alpha);
-    pv_half(1);
+    issue_s(j + 1);
+    issue_pv(j);
+    if (j + 2 < n_tiles) load_part(j + 2, s_k + (j & 1) * wg::kTileBytes, 0, ids_k);
+    load_part(j + 1, s_v + ((j + 1) & 1) * wg::kTileBytes, 1, ids_v);
+    copy_async_commit();
+    ids_v = ids_k;
+    if (j + 3 < n_tiles) ids_k = tile_ids(j + 3);
+    wgmma_wait<1>();  // S of tile j + 1 (P V of tile j may still run)
+    softmax(j + 1, alpha);
+    schedule_boundary();  // else the wait below moves above the softmax, which then waits for P V
     wgmma_wait<0>();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
   }
-  copy_async_wait<0>();
+  copies_landed();  // V of the last tile
+  pack_p();
+  rescale_o(alpha);
+  issue_pv(n_tiles - 1);
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
 
   if (!group_active) return;
 #pragma unroll
