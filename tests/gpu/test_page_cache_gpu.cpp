@@ -440,6 +440,24 @@ TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtMostSlots) {
   EXPECT_GT(cov.ordered_boundary, 0);
 }
 
+TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtTheSmallPathsEdges) {
+  // Requests of up to 512 slots and buckets run with one slot per thread: 512 slots (the most it
+  // takes) beside 511 and 2, with many evictions.
+  const TraceShape small{8, 64, 2, 2, 64, {512, 511, 2}, {900, 700, 9}, 12, 30, false};
+  Coverage cov;
+  run_trace(small, cov);
+  if (HasFatalFailure()) return;
+  EXPECT_GT(cov.evictions, 0);
+  EXPECT_GT(cov.ordered_boundary, 0);
+  // More than 512 buckets send small requests down the full path, with the same results.
+  const TraceShape many_buckets{8, 64, 2, 1, 700, {300, 40}, {500, 90}, 12, 900, false};
+  Coverage wide;
+  run_trace(many_buckets, wide);
+  if (HasFatalFailure()) return;
+  EXPECT_GT(wide.evictions, 0);
+  EXPECT_GT(wide.wide_buckets, 0);
+}
+
 TEST_F(GpuPageCache, OverfullItemSetsErrorAndOthersProceed) {
   // One item per call needs more pages than its request has slots; the request with
   // kMaxCacheSlots + 1 slots is an error item in every call. Their slots stay as they were.

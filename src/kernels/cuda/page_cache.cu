@@ -13,37 +13,42 @@ namespace {
 
 constexpr int kThreads = 512;
 // Slots, needed pages and histogram buckets are held blocked: thread t owns indices
-// [t * kPerThread, (t + 1) * kPerThread), so block scans rank them in index order.
-constexpr int kPerThread = kMaxCacheSlots / kThreads;
+// [t * kPerThread, (t + 1) * kPerThread), so block scans rank them in index order. A request of
+// at most kThreads slots (and buckets) runs with one index per thread: its scans and sort are an
+// eighth of the full capacity's, which at small batches is most of a layer's Retrieve.
+constexpr int kFullPerThread = kMaxCacheSlots / kThreads;
 constexpr int kUnroll = 8;  // 16-byte host loads in flight per thread before the first store
 constexpr int32_t kNoSlot = INT32_MAX;
-static_assert(kPerThread * kThreads == kMaxCacheSlots);
+static_assert(kFullPerThread * kThreads == kMaxCacheSlots);
 static_assert(kMaxLruBuckets <= kMaxCacheSlots);
 // Two ranks share one scan (16 bits each), so every count must stay below 2^16.
 static_assert(kMaxCacheSlots < (1 << 16));
 
 using Scan = cub::BlockScan<uint32_t, kThreads>;
+template <int kPerThread>
 using SortByLogical = cub::BlockRadixSort<uint32_t, kThreads, kPerThread, int32_t>;
 
 // Phases reuse memory: the residency/victim tables live until the table update, the copy list
 // only after it; the needed pages, the histogram and the sort never overlap in time.
+template <int kPerThread>
 struct Shared {
+  static constexpr int kCapacity = kPerThread * kThreads;
   union {
     struct {
-      int32_t hit_slot[kMaxCacheSlots];   // per needed page: the slot holding it, or kNoSlot
-      int16_t free_slot[kMaxCacheSlots];  // the k-th free slot, for the k-th miss
+      int32_t hit_slot[kCapacity];   // per needed page: the slot holding it, or kNoSlot
+      int16_t free_slot[kCapacity];  // the k-th free slot, for the k-th miss
       union {
-        int32_t needed[kMaxCacheSlots];
-        uint32_t histogram[kMaxLruBuckets];
-        SortByLogical::TempStorage sort;
+        int32_t needed[kCapacity];
+        uint32_t histogram[kCapacity];
+        typename SortByLogical<kPerThread>::TempStorage sort;
       } scratch;
     } select;
     struct {
-      int32_t src[kMaxCacheSlots];  // host page of the k-th miss
-      int32_t dst[kMaxCacheSlots];  // device page it goes to
+      int32_t src[kCapacity];  // host page of the k-th miss
+      int32_t dst[kCapacity];  // device page it goes to
     } copy;
   };
-  Scan::TempStorage scan;
+  typename Scan::TempStorage scan;
   uint32_t oldest;
   uint32_t max_logical;
   uint32_t boundary;
@@ -69,29 +74,12 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
 // collective depends only on values all threads read alike (the item's counts) or on block
 // totals, so control flow around barriers is uniform. Two blocks per SM (64 registers) keep more
 // host reads in flight than one.
-__global__ void __launch_bounds__(kThreads, 2)
-    retrieve_cached_pages_kernel(const PageCacheParams p) {
-  __shared__ Shared sh;
+template <int kPerThread>
+__device__ void retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, int seq, int head,
+                              int32_t cache_begin, int slots, int count, const int32_t* needed, int32_t* out) {
+  using Sort = SortByLogical<kPerThread>;
   const int tid = threadIdx.x;
-  const int item = blockIdx.x;
   const int heads = p.num_kv_heads;
-  const int seq = item / heads;
-  const int head = item - seq * heads;
-  const int32_t cache_begin = p.cache_offsets[seq];
-  const int slots = p.cache_offsets[seq + 1] - cache_begin;
-  const int count = p.needed_counts[item];
-  const int32_t* needed = p.needed + p.needed_offsets[item];
-  int32_t* out = p.out_pages + p.out_offsets[item];
-
-  if (count < 0 || count > slots || slots > kMaxCacheSlots) {
-    for (int k = tid; k < count; k += kThreads) out[k] = -1;
-    if (tid == 0) {
-      *p.error = 1;
-      if (p.rebuild_end) p.rebuild_counts[item] = 0;  // nothing fetched: no key to rebuild
-    }
-    return;
-  }
-
   const uint32_t now = p.now[seq];
   const int32_t* groups = p.cache_groups + cache_begin;
   auto state_index = [&](int32_t group) {
@@ -252,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       keys[i] = in_boundary ? static_cast<uint32_t>(page[i]) : UINT32_MAX;
       values[i] = tid * kPerThread + i;
     }
-    SortByLogical(sh.select.scratch.sort).Sort(keys, values, 0, static_cast<int>(end_bit));
+    Sort(sh.select.scratch.sort).Sort(keys, values, 0, static_cast<int>(end_bit));
     const int rest = victims - taken;
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
@@ -345,6 +333,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy_host_pages<kUnroll>(
       src, dst, tid, halves * vecs_per_half, kThreads, vecs_per_half,
       [&](int64_t u) { return half_of(sh.copy.src, u); }, [&](int64_t u) { return half_of(sh.copy.dst, u); });
+}
+
+__global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p) {
+  __shared__ Shared<kFullPerThread> full;
+  const int tid = threadIdx.x;
+  const int item = blockIdx.x;
+  const int heads = p.num_kv_heads;
+  const int seq = item / heads;
+  const int head = item - seq * heads;
+  const int32_t cache_begin = p.cache_offsets[seq];
+  const int slots = p.cache_offsets[seq + 1] - cache_begin;
+  const int count = p.needed_counts[item];
+  const int32_t* needed = p.needed + p.needed_offsets[item];
+  int32_t* out = p.out_pages + p.out_offsets[item];
+
+  if (count < 0 || count > slots || slots > kMaxCacheSlots) {
+    for (int k = tid; k < count; k += kThreads) out[k] = -1;
+    if (tid == 0) {
+      *p.error = 1;
+      if (p.rebuild_end) p.rebuild_counts[item] = 0;  // nothing fetched: no key to rebuild
+    }
+    return;
+  }
+  static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>));
+  if (slots <= kThreads && p.buckets <= kThreads)
+    retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, seq, head, cache_begin, slots, count, needed, out);
+  else
+    retrieve_item<kFullPerThread>(p, full, item, seq, head, cache_begin, slots, count, needed, out);
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
