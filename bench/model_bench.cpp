@@ -460,7 +460,8 @@ void run_cuda(const BenchArgs& a) {
   }
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
-      const int64_t capacity = context + a.decode_tokens * (a.repeats + 2) + 1;
+      // Steps per sequence: its first, two warm-up steps, the timed ones and (sparse) the breakdown's.
+      const int64_t capacity = context + 3 + a.decode_tokens * a.repeats + (sparse ? kProfileWarmSteps + kProfileSteps : 0);
       // Sparse: every sequence decoding, and the device pages of one still holding its whole context
       // (until its first decode step frees them; its host pages are counted already).
       const spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());
