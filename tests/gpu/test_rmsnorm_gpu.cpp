@@ -55,45 +55,60 @@ TEST_F(GpuRmsNorm, Fp32MatchesCpu) {
 }
 
 TEST_F(GpuRmsNorm, Bf16ResidualMatchesCpu) {
-  const int64_t rows = 19, n = 5120;
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<uint16_t> x(rows * n), res(rows * n), w(n);
-  std::vector<float> sum(rows * n), wf(n), ref(rows * n);
-  for (int64_t i = 0; i < rows * n; ++i) {
-    x[i] = f32_to_bf16(dist(rng));
-    res[i] = f32_to_bf16(dist(rng));
-    sum[i] = bf16_to_f32(f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(res[i])));
+  // n = 5120 runs the 16-byte vector kernel, with and without a residual; n = 1001 (not a
+  // multiple of 8) and a pointer off 16-byte alignment run the element-wise one.
+  struct Case {
+    int64_t rows, n;
+    bool residual;
+    int64_t offset;  // elements past the allocation's start
+  };
+  for (const Case c : {Case{19, 5120, true, 0}, Case{3, 5120, false, 0}, Case{5, 1001, true, 0},
+                       Case{2, 5120, true, 1}}) {
+    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " n " << c.n << " residual " << c.residual
+                                    << " offset " << c.offset);
+    const int64_t rows = c.rows, n = c.n, count = rows * n;
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<uint16_t> x(count), res(count), w(n);
+    std::vector<float> sum(count), wf(n), ref(count);
+    for (int64_t i = 0; i < count; ++i) {
+      x[i] = f32_to_bf16(dist(rng));
+      res[i] = f32_to_bf16(dist(rng));
+      sum[i] = c.residual ? bf16_to_f32(f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(res[i]))) : bf16_to_f32(x[i]);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      w[i] = f32_to_bf16(1.0f + 0.1f * dist(rng));
+      wf[i] = bf16_to_f32(w[i]);
+    }
+    cpu::rmsnorm(sum.data(), wf.data(), ref.data(), rows, n, 1e-6f);
+    __nv_bfloat16 *bx, *br, *bw, *by;
+    const size_t bytes = (count + c.offset) * 2;
+    CUDA_OK(cudaMalloc(&bx, bytes));
+    CUDA_OK(cudaMalloc(&br, bytes));
+    CUDA_OK(cudaMalloc(&bw, (n + c.offset) * 2));
+    CUDA_OK(cudaMalloc(&by, bytes));
+    __nv_bfloat16 *dx = bx + c.offset, *dr = br + c.offset, *dw = bw + c.offset, *dy = by + c.offset;
+    CUDA_OK(cudaMemcpy(dx, x.data(), count * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dr, res.data(), count * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dw, w.data(), n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(by, 0xff, bytes));
+    CUDA_OK(cuda::rmsnorm_residual_bf16(dx, c.residual ? dr : nullptr, dw, dy, rows, n, 1e-6f, nullptr));
+    std::vector<uint16_t> y(count), r2(count);
+    CUDA_OK(cudaMemcpy(y.data(), dy, count * 2, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(r2.data(), dr, count * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> yf(count), rf(count), res_f(count);
+    for (int64_t i = 0; i < count; ++i) {
+      yf[i] = bf16_to_f32(y[i]);
+      rf[i] = bf16_to_f32(r2[i]);
+      res_f[i] = bf16_to_f32(res[i]);
+    }
+    // The residual holds exactly the rounded sum, or is left alone without one.
+    EXPECT_LE(rel_error(rf, c.residual ? sum : res_f), 1e-6);
+    EXPECT_LE(rel_error(yf, ref), 1e-2);  // bf16 output
+    cudaFree(bx);
+    cudaFree(br);
+    cudaFree(bw);
+    cudaFree(by);
   }
-  for (int64_t i = 0; i < n; ++i) {
-    w[i] = f32_to_bf16(1.0f + 0.1f * dist(rng));
-    wf[i] = bf16_to_f32(w[i]);
-  }
-  cpu::rmsnorm(sum.data(), wf.data(), ref.data(), rows, n, 1e-6f);
-  __nv_bfloat16 *dx, *dr, *dw, *dy;
-  const size_t bytes = x.size() * 2;
-  CUDA_OK(cudaMalloc(&dx, bytes));
-  CUDA_OK(cudaMalloc(&dr, bytes));
-  CUDA_OK(cudaMalloc(&dw, n * 2));
-  CUDA_OK(cudaMalloc(&dy, bytes));
-  CUDA_OK(cudaMemcpy(dx, x.data(), bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dr, res.data(), bytes, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(dw, w.data(), n * 2, cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(dy, 0xff, bytes));
-  CUDA_OK(cuda::rmsnorm_residual_bf16(dx, dr, dw, dy, rows, n, 1e-6f, nullptr));
-  std::vector<uint16_t> y(rows * n), r2(rows * n);
-  CUDA_OK(cudaMemcpy(y.data(), dy, bytes, cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(r2.data(), dr, bytes, cudaMemcpyDeviceToHost));
-  std::vector<float> yf(rows * n), rf(rows * n);
-  for (int64_t i = 0; i < rows * n; ++i) {
-    yf[i] = bf16_to_f32(y[i]);
-    rf[i] = bf16_to_f32(r2[i]);
-  }
-  EXPECT_LE(rel_error(rf, sum), 1e-6);   // the residual holds exactly the rounded sum
-  EXPECT_LE(rel_error(yf, ref), 1e-2);   // bf16 output
-  cudaFree(dx);
-  cudaFree(dr);
-  cudaFree(dw);
-  cudaFree(dy);
 }
 
 }  // namespace
