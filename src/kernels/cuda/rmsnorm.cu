@@ -8,103 +8,83 @@ namespace {
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ float to_float(T v);
-template <>
-__device__ float to_float(float v) { return v; }
-template <>
-__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ T from_float(float v);
-template <>
-__device__ float from_float(float v) { return v; }
-template <>
-__device__ __nv_bfloat16 from_float(float v) { return __float2bfloat16(v); }
-
-// One block per row. With a residual, the sum is written back to it first, and the norm reads it.
-template <typename T>
-__global__ void rmsnorm_kernel(const T* __restrict__ x, T* __restrict__ residual,
-                               const T* __restrict__ w, T* __restrict__ y, int64_t n, float eps) {
-  using Reduce = cub::BlockReduce<float, kThreads>;
-  __shared__ typename Reduce::TempStorage temp;
-  __shared__ float scale;
-  const int64_t row = blockIdx.x;
-  const T* xr = x + row * n;
-  T* rr = residual ? residual + row * n : nullptr;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    float v = to_float(xr[i]);
-    if (rr) {
-      v += to_float(rr[i]);
-      rr[i] = from_float<T>(v);
-      v = to_float(rr[i]);  // normalise what was stored, as the unfused sequence would
+// How a row is read and written: units of kWidth elements, each converted to and from fp32.
+// One element at a time for any row; 8 bf16 in 16 bytes for the model's rows (n a multiple of 8,
+// 16-byte aligned), where at batch 1 one block does a whole row and fewer, wider loads are what
+// its time is made of.
+struct Fp32 {
+  using Unit = float;
+  static constexpr int kWidth = 1;
+  __device__ static void load(Unit u, float (&v)[1]) { v[0] = u; }
+  __device__ static Unit store(const float (&v)[1]) { return v[0]; }
+};
+struct Bf16 {
+  using Unit = __nv_bfloat16;
+  static constexpr int kWidth = 1;
+  __device__ static void load(Unit u, float (&v)[1]) { v[0] = __bfloat162float(u); }
+  __device__ static Unit store(const float (&v)[1]) { return __float2bfloat16(v[0]); }
+};
+struct Bf16x8 {
+  using Unit = uint4;
+  static constexpr int kWidth = 8;
+  __device__ static void load(const Unit& u, float (&v)[8]) {
+    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(h[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
     }
-    ss += v * v;
   }
-  const float total = Reduce(temp).Sum(ss);
-  if (threadIdx.x == 0) scale = rsqrtf(total / static_cast<float>(n) + eps);
-  __syncthreads();
-  const T* src = rr ? rr : xr;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    y[row * n + i] = from_float<T>(to_float(src[i]) * scale * to_float(w[i]));
-  }
-}
-
-// The bf16 rows of the model (n a multiple of 8, 16-byte aligned) in 16-byte vectors: at batch 1
-// one block does a whole row, so the fewer, wider loads are what its time is made of.
-__device__ __forceinline__ void unpack8(const uint4& u, float (&v)[8]) {
-  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+  __device__ static Unit store(const float (&v)[8]) {
+    Unit u;
+    auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
+    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    return u;
   }
-}
-__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
-  uint4 u;
-  auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  return u;
-}
+};
 
-__global__ void rmsnorm_bf16x8_kernel(const uint4* __restrict__ x, uint4* __restrict__ residual,
-                                      const uint4* __restrict__ w, uint4* __restrict__ y, int64_t n8, float eps) {
+// One block per row of `units` units. With a residual, the sum is written back to it first, and
+// the norm reads it.
+template <typename Io>
+__global__ void rmsnorm_kernel(const typename Io::Unit* __restrict__ x, typename Io::Unit* __restrict__ residual,
+                               const typename Io::Unit* __restrict__ w, typename Io::Unit* __restrict__ y,
+                               int64_t units, float eps) {
+  constexpr int W = Io::kWidth;
   using Reduce = cub::BlockReduce<float, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   __shared__ float scale;
   const int64_t row = blockIdx.x;
-  const uint4* xr = x + row * n8;
-  uint4* rr = residual ? residual + row * n8 : nullptr;
+  const typename Io::Unit* xr = x + row * units;
+  typename Io::Unit* rr = residual ? residual + row * units : nullptr;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n8; i += kThreads) {
-    float v[8];
-    unpack8(xr[i], v);
+  for (int64_t i = threadIdx.x; i < units; i += kThreads) {
+    float v[W];
+    Io::load(xr[i], v);
     if (rr) {
-      float r[8];
-      unpack8(rr[i], r);
+      float r[W];
+      Io::load(rr[i], r);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] += r[k];
-      const uint4 sum = pack8(v);
+      for (int k = 0; k < W; ++k) v[k] += r[k];
+      const typename Io::Unit sum = Io::store(v);
       rr[i] = sum;
-      unpack8(sum, v);  // normalise what was stored, as the unfused sequence would
+      Io::load(sum, v);  // normalise what was stored, as the unfused sequence would
     }
 #pragma unroll
-    for (int k = 0; k < 8; ++k) ss += v[k] * v[k];
+    for (int k = 0; k < W; ++k) ss += v[k] * v[k];
   }
   const float total = Reduce(temp).Sum(ss);
-  if (threadIdx.x == 0) scale = rsqrtf(total / static_cast<float>(n8 * 8) + eps);
+  if (threadIdx.x == 0) scale = rsqrtf(total / static_cast<float>(units * W) + eps);
   __syncthreads();
-  const uint4* src = rr ? rr : xr;
-  for (int64_t i = threadIdx.x; i < n8; i += kThreads) {
-    float v[8], g[8];
-    unpack8(src[i], v);
-    unpack8(w[i], g);
+  const typename Io::Unit* src = rr ? rr : xr;
+  for (int64_t i = threadIdx.x; i < units; i += kThreads) {
+    float v[W], g[W];
+    Io::load(src[i], v);
+    Io::load(w[i], g);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = v[k] * scale * g[k];
-    y[row * n8 + i] = pack8(v);
+    for (int k = 0; k < W; ++k) v[k] = v[k] * scale * g[k];
+    y[row * units + i] = Io::store(v);
   }
 }
 
@@ -115,7 +95,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 cudaError_t rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
                     cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<float><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, nullptr, w, y, n, eps);
+  rmsnorm_kernel<Fp32><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, nullptr, w, y, n, eps);
   return cudaGetLastError();
 }
 
@@ -124,12 +104,11 @@ cudaError_t rmsnorm_residual_bf16(const __nv_bfloat16* x, __nv_bfloat16* residua
                                   int64_t n, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (n % 8 == 0 && aligned16(x) && (!residual || aligned16(residual)) && aligned16(w) && aligned16(y)) {
-    rmsnorm_bf16x8_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+    rmsnorm_kernel<Bf16x8><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(residual), reinterpret_cast<const uint4*>(w),
         reinterpret_cast<uint4*>(y), n / 8, eps);
   } else {
-    rmsnorm_kernel<__nv_bfloat16>
-        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, residual, w, y, n, eps);
+    rmsnorm_kernel<Bf16><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, residual, w, y, n, eps);
   }
   return cudaGetLastError();
 }
