@@ -319,15 +319,23 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
   return spin::sparse::random_seer_gate(shape, 7);
 }
 
+// Tokens a decode benchmark appends to a sequence after its context: its first step, two warm-up
+// steps, the timed steps and (sparse) the breakdown's profiled ones.
+int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
+  return 3 + a.decode_tokens * a.repeats + (sparse ? kProfileWarmSteps + kProfileSteps : 0);
+}
+
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load{a.model, a.load_format, 0};
   load.dummy_weights_on_host = false;
   spin::LoadedModel loaded = spin::load_model(load);
   const spin::ModelConfig c = loaded.weights.config;
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
-  const int64_t max_context = std::max(*std::max_element(a.decode_contexts.begin(), a.decode_contexts.end()),
-                                       *std::max_element(a.prefill_lengths.begin(), a.prefill_lengths.end())) +
-                              a.decode_tokens * (a.repeats + 2) + 8;
+  const bool sparse = a.sparse_algorithm != "dense";
+  const int64_t max_context =
+      std::max(*std::max_element(a.decode_contexts.begin(), a.decode_contexts.end()),
+               *std::max_element(a.prefill_lengths.begin(), a.prefill_lengths.end())) +
+      std::max(a.decode_tokens * (a.repeats + 2), decode_steps_per_sequence(a, sparse)) + 8;
   spin::CudaModelOptions options;
   options.cuda_graphs = a.cuda_graphs;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
@@ -359,7 +367,6 @@ void run_cuda(const BenchArgs& a) {
   const spin::AttentionShape rank_shape = ranks.front()->attention_shape();
   // Per GPU from here on: pages, pool and bytes read are one rank's.
   const int64_t pages_per_group = rank_shape.n_layers * rank_shape.n_kv_heads;
-  const bool sparse = a.sparse_algorithm != "dense";
   spin::CudaPagedKvConfig kv_config;
   kv_config.gpu_memory_utilization = a.gpu_memory_utilization;
   kv_config.max_batch = max_batch;
@@ -460,8 +467,7 @@ void run_cuda(const BenchArgs& a) {
   }
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
-      // Steps per sequence: its first, two warm-up steps, the timed ones and (sparse) the breakdown's.
-      const int64_t capacity = context + 3 + a.decode_tokens * a.repeats + (sparse ? kProfileWarmSteps + kProfileSteps : 0);
+      const int64_t capacity = context + decode_steps_per_sequence(a, sparse);
       // Sparse: every sequence decoding, and the device pages of one still holding its whole context
       // (until its first decode step frees them; its host pages are counted already).
       const spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());

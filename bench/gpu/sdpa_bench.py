@@ -1,7 +1,7 @@
 """PyTorch SDPA decode attention (cuDNN and flash backends) on the shapes of
 gpu_kernels_bench.cu's dense benchmark, as CSV rows bench,config,variant,time_us,bytes,gbps;
 then causal prefill on the shapes of its prefill benchmark (rows `prefill`: the bytes column
-holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s). Usage: sdpa_bench.py [--prefill-only] [out.csv].
+holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s).
 
 Contiguous bf16 K/V [B, Hkv, S, 128], q [B, Hq, 1, 128], GQA through enable_gqa. Timing matches
 the spin side: a CUDA graph of max(copies, 4) calls rotating over input copies (>= 512 MB per
@@ -11,6 +11,7 @@ Prefill: one sequence, q [1, 32, n, 128], contiguous K/V [1, 8, n, 128], is_caus
 enable_gqa=True (K/V expanded to 32 heads if a backend refuses GQA; the row says so); a graph of
 2 calls on the same inputs (compute-bound: L2 reuse across calls does not matter).
 """
+import argparse
 import statistics
 import sys
 
@@ -59,10 +60,12 @@ def time_calls(fn, calls):
 
 
 def main():
-    args = sys.argv[1:]
-    prefill_only = "--prefill-only" in args
-    paths = [a for a in args if a != "--prefill-only"]
-    out = open(paths[0], "w") if paths else sys.stdout
+    parser = argparse.ArgumentParser(description="PyTorch SDPA decode and prefill attention timings (CSV).")
+    parser.add_argument("out", nargs="?", help="CSV file (default: stdout)")
+    parser.add_argument("--prefill-only", action="store_true", help="time only the prefill shapes")
+    args = parser.parse_args()
+    prefill_only = args.prefill_only
+    out = open(args.out, "w") if args.out else sys.stdout
     out.write("bench,config,variant,time_us,bytes,gbps\n")
     d, hkv = 128, 8
     backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)]

@@ -56,16 +56,17 @@ TEST_F(GpuRmsNorm, Fp32MatchesCpu) {
 
 TEST_F(GpuRmsNorm, Bf16ResidualMatchesCpu) {
   // n = 5120 runs the 16-byte vector kernel, with and without a residual; n = 1001 (not a
-  // multiple of 8) and a pointer off 16-byte alignment run the element-wise one.
+  // multiple of 8) and any one pointer off 16-byte alignment run the element-wise one.
   struct Case {
     int64_t rows, n;
     bool residual;
-    int64_t offset;  // elements past the allocation's start
+    int64_t offset;    // elements past the allocation's start: x, residual and y
+    int64_t w_offset;  // the same for w
   };
-  for (const Case c : {Case{19, 5120, true, 0}, Case{3, 5120, false, 0}, Case{5, 1001, true, 0},
-                       Case{2, 5120, true, 1}}) {
+  for (const Case c : {Case{19, 5120, true, 0, 0}, Case{3, 5120, false, 0, 0}, Case{5, 1001, true, 0, 0},
+                       Case{2, 5120, true, 1, 0}, Case{2, 5120, true, 0, 1}}) {
     SCOPED_TRACE(testing::Message() << "rows " << c.rows << " n " << c.n << " residual " << c.residual
-                                    << " offset " << c.offset);
+                                    << " offset " << c.offset << " w offset " << c.w_offset);
     const int64_t rows = c.rows, n = c.n, count = rows * n;
     std::normal_distribution<float> dist(0.0f, 1.0f);
     std::vector<uint16_t> x(count), res(count), w(n);
@@ -84,9 +85,9 @@ TEST_F(GpuRmsNorm, Bf16ResidualMatchesCpu) {
     const size_t bytes = (count + c.offset) * 2;
     CUDA_OK(cudaMalloc(&bx, bytes));
     CUDA_OK(cudaMalloc(&br, bytes));
-    CUDA_OK(cudaMalloc(&bw, (n + c.offset) * 2));
+    CUDA_OK(cudaMalloc(&bw, (n + c.w_offset) * 2));
     CUDA_OK(cudaMalloc(&by, bytes));
-    __nv_bfloat16 *dx = bx + c.offset, *dr = br + c.offset, *dw = bw + c.offset, *dy = by + c.offset;
+    __nv_bfloat16 *dx = bx + c.offset, *dr = br + c.offset, *dw = bw + c.w_offset, *dy = by + c.offset;
     CUDA_OK(cudaMemcpy(dx, x.data(), count * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dr, res.data(), count * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dw, w.data(), n * 2, cudaMemcpyHostToDevice));

@@ -70,10 +70,9 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
   return lo;
 }
 
-// One block per item (seq, KV head). Every branch that encloses a __syncthreads or a block
+// One item (seq, KV head) in one block. Every branch that encloses a __syncthreads or a block
 // collective depends only on values all threads read alike (the item's counts) or on block
-// totals, so control flow around barriers is uniform. Two blocks per SM (64 registers) keep more
-// host reads in flight than one.
+// totals, so control flow around barriers is uniform.
 template <int kPerThread>
 __device__ void retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, int seq, int head,
                               int32_t cache_begin, int slots, int count, const int32_t* needed, int32_t* out) {
@@ -335,6 +334,7 @@ __device__ void retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, 
       [&](int64_t u) { return half_of(sh.copy.src, u); }, [&](int64_t u) { return half_of(sh.copy.dst, u); });
 }
 
+// One block per item. Two blocks per SM (64 registers) keep more host reads in flight than one.
 __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p) {
   __shared__ Shared<kFullPerThread> full;
   const int tid = threadIdx.x;
@@ -356,7 +356,8 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
     }
     return;
   }
-  static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>));
+  static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>) &&
+                alignof(Shared<1>) <= alignof(Shared<kFullPerThread>));
   if (slots <= kThreads && p.buckets <= kThreads)
     retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, seq, head, cache_begin, slots, count, needed, out);
   else

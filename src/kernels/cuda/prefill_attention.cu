@@ -449,7 +449,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
       copy_async(dst + wg::offset(row, chunk), src, valid ? 16 : 0);
     }
   };
-  int32_t ids_v = tile_ids(0);  // V's tile this iteration, then K's (two tiles ahead)
+  // ids_v: the ids of the tile whose V loads next; ids_k: of the tile whose K loads next (one further).
+  int32_t ids_v = tile_ids(0);
   int32_t ids_k = n_tiles > 1 ? tile_ids(1) : 0;
   load_part(0, s_k, 0, ids_v);
   copy_async_commit();
@@ -583,7 +584,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
   };
   // ptxas schedules inside basic blocks and moves a wgmma wait up to the first instruction it
-  // finds room for; a branch it cannot remove (valid_params refuses a negative count) ends a block.
+  // finds room for; a branch it cannot remove (paged_prefill_attention refuses a negative count)
+  // ends a block.
   auto schedule_boundary = [&] {
     if (p.num_seqs < 0) __trap();
   };
