@@ -2,20 +2,13 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/bf16x8.cuh"
+
 namespace spin::cuda {
 
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// Eight bf16 values: the 16-byte unit of the vectorised paths.
-struct alignas(16) Bf16x8 {
-  __nv_bfloat162 pair[4];
-};
-
-bool aligned(const void* ptr, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
 
 // Grid-stride loops cover any remainder, so the grid is capped well below the launch limit.
 unsigned grid_for(int64_t work, int threads) {

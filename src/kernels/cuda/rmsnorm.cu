@@ -2,6 +2,8 @@
 
 #include <cub/block/block_reduce.cuh>
 
+#include "kernels/cuda/bf16x8.cuh"
+
 namespace spin::cuda {
 
 namespace {
@@ -12,37 +14,23 @@ constexpr int kThreads = 256;
 // One element at a time for any row; 8 bf16 in 16 bytes for the model's rows (n a multiple of 8,
 // 16-byte aligned), where at batch 1 one block does a whole row and fewer, wider loads are what
 // its time is made of.
-struct Fp32 {
+struct Fp32Io {
   using Unit = float;
   static constexpr int kWidth = 1;
   __device__ static void load(Unit u, float (&v)[1]) { v[0] = u; }
   __device__ static Unit store(const float (&v)[1]) { return v[0]; }
 };
-struct Bf16 {
+struct Bf16Io {
   using Unit = __nv_bfloat16;
   static constexpr int kWidth = 1;
   __device__ static void load(Unit u, float (&v)[1]) { v[0] = __bfloat162float(u); }
   __device__ static Unit store(const float (&v)[1]) { return __float2bfloat16(v[0]); }
 };
-struct Bf16x8 {
-  using Unit = uint4;
+struct Bf16x8Io {
+  using Unit = Bf16x8;
   static constexpr int kWidth = 8;
-  __device__ static void load(const Unit& u, float (&v)[8]) {
-    const auto* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(h[i]);
-      v[2 * i] = f.x;
-      v[2 * i + 1] = f.y;
-    }
-  }
-  __device__ static Unit store(const float (&v)[8]) {
-    Unit u;
-    auto* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-    return u;
-  }
+  __device__ static void load(const Unit& u, float (&v)[8]) { to_floats(u, v); }
+  __device__ static Unit store(const float (&v)[8]) { return to_bf16x8(v); }
 };
 
 // One block per row of `units` units. With a residual, the sum is written back to it first, and
@@ -88,14 +76,12 @@ __global__ void rmsnorm_kernel(const typename Io::Unit* __restrict__ x, typename
   }
 }
 
-bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 }  // namespace
 
 cudaError_t rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
                     cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<Fp32><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, nullptr, w, y, n, eps);
+  rmsnorm_kernel<Fp32Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, nullptr, w, y, n, eps);
   return cudaGetLastError();
 }
 
@@ -103,12 +89,12 @@ cudaError_t rmsnorm_residual_bf16(const __nv_bfloat16* x, __nv_bfloat16* residua
                                   const __nv_bfloat16* w, __nv_bfloat16* y, int64_t rows,
                                   int64_t n, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  if (n % 8 == 0 && aligned16(x) && (!residual || aligned16(residual)) && aligned16(w) && aligned16(y)) {
-    rmsnorm_kernel<Bf16x8><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(x), reinterpret_cast<uint4*>(residual), reinterpret_cast<const uint4*>(w),
-        reinterpret_cast<uint4*>(y), n / 8, eps);
+  if (n % 8 == 0 && aligned(x, 16) && (!residual || aligned(residual, 16)) && aligned(w, 16) && aligned(y, 16)) {
+    rmsnorm_kernel<Bf16x8Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        reinterpret_cast<const Bf16x8*>(x), reinterpret_cast<Bf16x8*>(residual), reinterpret_cast<const Bf16x8*>(w),
+        reinterpret_cast<Bf16x8*>(y), n / 8, eps);
   } else {
-    rmsnorm_kernel<Bf16><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, residual, w, y, n, eps);
+    rmsnorm_kernel<Bf16Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, residual, w, y, n, eps);
   }
   return cudaGetLastError();
 }
