@@ -5,11 +5,14 @@
 // (c) retrieve gather host->device vs per-page cudaMemcpyAsync, cudaMemcpyBatchAsync and one bulk
 //     copy; (d) causal prefill attention over paged KV (rows `prefill`: the `bytes` column holds
 //     the causal FLOPs 2*2*heads*d*n^2/2 and `gbps` GFLOP/s). Timing: a CUDA graph of `reps_per_graph` calls rotating over input copies (so L2 holds
-//     none of them), warm-up replays, then the median over >= 25 timed replays with events.
+//     none of them), warm-up replays (>= 3 and >= 50 ms), then the median over >= 25 timed
+//     replays with events.
 // (e) one layer's sparse decode step on the GPU (Quest scoring, top-k select, retrieve through
 //     the page cache, attention) against dense attention over the whole context and against the
 //     ideal envelope of SPEC.md (attention over the selected pages + the pages Belady's optimal
 //     replacement would fetch, at the bulk host->device copy rate measured in the same run).
+// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step] [CSV file|-] [FILTER]
+// (FILTER: dense runs only the configs whose name contains it, e.g. "B1 ctx32K").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -45,9 +48,11 @@ namespace {
   } while (0)
 
 constexpr int kTimedReps = 25;
+constexpr float kWarmupMs = 50.0f;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs per graph >= 8x the 60 MB L2
 
 FILE* g_csv = nullptr;
+std::string g_only;  // dense: run only configs containing this (argv[3]; empty: all)
 
 void emit(const std::string& bench, const std::string& config, const std::string& variant,
           double time_us, double bytes) {
@@ -88,7 +93,17 @@ double time_graph(cudaStream_t stream, int calls, const std::function<void(int)>
   cudaEvent_t a, b;
   CHECK_CUDA(cudaEventCreate(&a));
   CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  // Warm-up: at least 3 replays and kWarmupMs of them, so clocks settle on this workload after
+  // whatever ran before (a small-batch shape timed right after a large one reads up to 10% slow).
+  CHECK_CUDA(cudaEventRecord(a, stream));
+  for (int i = 0;; ++i) {
+    CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    CHECK_CUDA(cudaEventRecord(b, stream));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 2 && ms >= kWarmupMs) break;
+  }
   std::vector<double> times;
   for (int i = 0; i < kTimedReps; ++i) {
     CHECK_CUDA(cudaEventRecord(a, stream));
@@ -242,6 +257,9 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
   for (int context : {32768, 131072})
     for (int group : {5, 4})
       for (int batch : {1, 8, 32}) {
+        char config[96];
+        std::snprintf(config, sizeof config, "hq%d/hkv8 B%d ctx%dK", group * 8, batch, context / 1024);
+        if (std::string(config).find(g_only) == std::string::npos) continue;
         const int items = batch * kv_heads;
         const int pages_per_item = context / page;
         const size_t kv_bytes = static_cast<size_t>(items) * pages_per_item * page_bytes;
@@ -262,8 +280,6 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
           }
         Workload w = make_workload(batch, kv_heads, group, context, copies, lists);
         const double bytes = static_cast<double>(kv_bytes) + 2.0 * items * group * d * 2;
-        char config[96];
-        std::snprintf(config, sizeof config, "hq%d/hkv8 B%d ctx%dK", group * 8, batch, context / 1024);
         const AttentionRun a = run_attention(stream, pool, w, 0);
         emit("dense", config, "spin", a.time_us, bytes);
         for (int path = 0; path <= 2; ++path)
@@ -867,7 +883,8 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
-  const char* csv_path = argc > 2 ? argv[2] : nullptr;
+  const char* csv_path = argc > 2 && std::strcmp(argv[2], "-") != 0 ? argv[2] : nullptr;
+  if (argc > 3) g_only = argv[3];
   g_csv = csv_path ? std::fopen(csv_path, "w") : stdout;
   if (!g_csv) {
     std::fprintf(stderr, "cannot write %s\n", csv_path);

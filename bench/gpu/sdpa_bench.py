@@ -5,7 +5,8 @@ holds the causal FLOPs 2*2*heads*d*n^2/2, gbps GFLOP/s).
 
 Contiguous bf16 K/V [B, Hkv, S, 128], q [B, Hq, 1, 128], GQA through enable_gqa. Timing matches
 the spin side: a CUDA graph of max(copies, 4) calls rotating over input copies (>= 512 MB per
-graph, so L2 serves none), 3 warm-up replays, median of 25 timed replays; eager calls if a
+graph, so L2 serves none), warm-up replays (>= 3 and >= 50 ms, so clocks settle after the
+previous shape), median of 25 timed replays; eager calls if a
 backend cannot be captured. Bytes: K + V read, q read, out written.
 Prefill: one sequence, q [1, 32, n, 128], contiguous K/V [1, 8, n, 128], is_causal=True,
 enable_gqa=True (K/V expanded to 32 heads if a backend refuses GQA; the row says so); a graph of
@@ -21,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROTATE_BYTES = 512 << 20
 TIMED = 25
+WARMUP_MS = 50.0
 
 
 def time_calls(fn, calls):
@@ -45,9 +47,17 @@ def time_calls(fn, calls):
         def run():
             for i in range(calls):
                 fn(i)
-    for _ in range(3):
+    # Warm-up as on the spin side: at least 3 replays and WARMUP_MS of them.
+    warm_start, warm_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    warm_start.record()
+    replays = 0
+    while True:
         run()
-    torch.cuda.synchronize()
+        replays += 1
+        warm_end.record()
+        warm_end.synchronize()
+        if replays >= 3 and warm_start.elapsed_time(warm_end) >= WARMUP_MS:
+            break
     times = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(TIMED):
@@ -63,6 +73,7 @@ def main():
     parser = argparse.ArgumentParser(description="PyTorch SDPA decode and prefill attention timings (CSV).")
     parser.add_argument("out", nargs="?", help="CSV file (default: stdout)")
     parser.add_argument("--prefill-only", action="store_true", help="time only the prefill shapes")
+    parser.add_argument("--decode-only", action="store_true", help="time only the decode shapes")
     args = parser.parse_args()
     prefill_only = args.prefill_only
     out = open(args.out, "w") if args.out else sys.stdout
@@ -99,7 +110,8 @@ def main():
                     out.flush()
                     print(f"dense    {config:28s} torch {name} {mode:6s} {t:10.2f} us {gbps:9.1f} GB/s", flush=True)
                 del qs, ks, vs
-    prefill(out, backends)
+    if not args.decode_only:
+        prefill(out, backends)
 
 
 def prefill(out, backends):

@@ -125,7 +125,7 @@ class GpuPagedAttention : public GpuTest {
     p.group = s.group;
     p.head_dim = d;
     p.page_size = ps;
-    p.max_tokens = max_tokens;
+    p.max_tokens = std::max(max_tokens, max_tokens_bound);
     p.scale = scale;
     p.tokens_per_split = s.tokens_per_split;
     if (check_lse) p.lse = d_lse.ptr;
@@ -212,6 +212,7 @@ class GpuPagedAttention : public GpuTest {
 
   bool host_pages = false;
   bool check_lse = false;  // also request and check PagedDecodeParams::lse
+  int max_tokens_bound = 0;  // > 0: PagedDecodeParams::max_tokens, above the longest list
   int last_splits = 0;     // splits the last run() used
 
   std::vector<int> random_lengths(int items, int max_len) {
@@ -292,6 +293,20 @@ TEST_F(GpuPagedAttention, LogSumExpMatchesReference) {
   Shape autos{1, 2, 4, 128, 16, {0, 5000}, 0, 1.0f};
   run<__nv_bfloat16>(autos, 1e-2);
   EXPECT_GT(last_splits, 1);
+}
+
+TEST_F(GpuPagedAttention, AutomaticSplitsSpreadEachItemOverTheGrid) {
+  // The engine bounds max_tokens by a power-of-two context bucket, so lists are often much
+  // shorter than the grid was sized for: each item spreads its tokens over all splits, and the
+  // merge sees from 1 to more than 32 (its inline loads) partials.
+  check_lse = true;
+  max_tokens_bound = 65536;
+  Shape batch1{1, 8, 5, 128, 16, {33000, 3000, 70, 0, 1, 16400, 65536, 640}, 0, 1.0f};
+  run<__nv_bfloat16>(batch1, 1e-2);
+  EXPECT_GT(last_splits, 16);
+  Shape two{1, 2, 4, 64, 32, {40000, 129}, 0, 4.0f};
+  run<float>(two, 1e-2);
+  EXPECT_GT(last_splits, 32);
 }
 
 TEST_F(GpuPagedAttention, RejectsUnsupportedShapes) {

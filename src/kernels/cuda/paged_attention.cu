@@ -25,6 +25,16 @@ constexpr int kMaxSplits = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Tokens of one split of an item with n_tok tokens. A fixed size (the caller's tokens_per_split),
+// or, when the launch chose the splits itself (fixed == 0), the item's tokens spread over all
+// num_splits: a grid sized for max_tokens then keeps every block busy for shorter items too (the
+// engine sizes max_tokens by a power-of-two context bucket).
+__device__ __forceinline__ int split_tokens(int n_tok, int fixed, int num_splits) {
+  if (fixed > 0) return fixed;
+  const int per = (n_tok + num_splits - 1) / num_splits;
+  return max(1, (per + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
+}
+
 // Natural-log log-sum-exp from the kernel's log2-domain state: running max m (0 when every score
 // was -inf) and the sum of exp2(score - m); -inf when nothing was summed (an item with 0 tokens).
 __device__ __forceinline__ float natural_lse(float m, float sum) {
@@ -124,11 +134,12 @@ __device__ __forceinline__ const __nv_bfloat16* page_start(const PagedDecodePara
 
 template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
-    paged_decode_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits, OutT* out,
+    paged_decode_kernel(PagedDecodeParams p, int fixed_split, int num_splits, OutT* out,
                         float* ws_out, float2* ws_ml) {
   const int item = blockIdx.x;
   const int split = blockIdx.y;
   const int n_tok = p.num_tokens[item];
+  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits);
   const int t_begin = split * tokens_per_split;
   if (split > 0 && t_begin >= n_tok) return;  // the merge counts only splits with tokens
   const int t_end = min(n_tok, t_begin + tokens_per_split);
@@ -435,50 +446,61 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block per item: weights per (query, split) in shared memory, then a weighted sum.
+// One block of D threads per (item, query head): each thread sums its output dim over the
+// splits, weighted by exp2(m_split - m_max) / sum, which warp 0 computes into shared memory. The
+// partials were just written (L2) and the merge is bound by load latency, so each thread loads
+// its first kMergeInline partials before the weights are known, in one round with warp 0's loads.
+constexpr int kMergeInline = 32;
+
 template <int D, typename OutT>
-__global__ void __launch_bounds__(kThreads)
-    paged_decode_merge_kernel(PagedDecodeParams p, int tokens_per_split, int num_splits,
-                              OutT* out, const float* ws_out, const float2* ws_ml) {
-  extern __shared__ float weights[];  // [group][num_splits]
+__global__ void __launch_bounds__(D)
+    paged_decode_merge_kernel(PagedDecodeParams p, int fixed_split, int num_splits,
+                              OutT* out, const float* __restrict__ ws_out,
+                              const float2* __restrict__ ws_ml) {
+  extern __shared__ float weights[];  // [num_splits]
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the main kernel are complete
 #endif
   const int item = blockIdx.x;
+  const int qi = blockIdx.y;
   const int n_tok = p.num_tokens[item];
+  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits);
   const int used = max(1, (n_tok + tokens_per_split - 1) / tokens_per_split);
   const int group = p.group;
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
   const int seq = item / p.num_kv_heads;
   const int kv_head = item - seq * p.num_kv_heads;
-  const size_t row0 = static_cast<size_t>(seq) * p.num_kv_heads * group + kv_head * group;
-  const float2* ml = ws_ml + static_cast<size_t>(item) * num_splits * group;
-  for (int qi = warp; qi < group; qi += kWarps) {
+  const size_t row = static_cast<size_t>(seq) * p.num_kv_heads * group + kv_head * group + qi;
+  const size_t first_slot = static_cast<size_t>(item) * num_splits * group + qi;  // split 0's
+  const float* src = ws_out + first_slot * D + threadIdx.x;
+  const size_t stride = static_cast<size_t>(group) * D;  // from one split's partial to the next
+  float v[kMergeInline];
+#pragma unroll
+  for (int k = 0; k < kMergeInline; ++k) v[k] = k < used ? src[k * stride] : 0.0f;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     float m_max = -INFINITY;
-    for (int s = lane; s < used; s += 32) m_max = fmaxf(m_max, ml[s * group + qi].x);
+    for (int s = lane; s < used; s += 32) m_max = fmaxf(m_max, ws_ml[first_slot + s * group].x);
     for (int off = 16; off > 0; off >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, off));
     const float m_use = m_max == -INFINITY ? 0.0f : m_max;
     float sum = 0.0f;
     for (int s = lane; s < used; s += 32) {
-      const float2 v = ml[s * group + qi];
-      const float wt = exp2f(v.x - m_use);
-      weights[qi * num_splits + s] = wt;
-      sum += wt * v.y;
+      const float2 ml = ws_ml[first_slot + s * group];
+      const float wt = exp2f(ml.x - m_use);
+      weights[s] = wt;
+      sum += wt * ml.y;
     }
     for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (p.lse != nullptr && lane == 0) p.lse[row0 + qi] = natural_lse(m_use, sum);
+    if (p.lse != nullptr && lane == 0) p.lse[row] = natural_lse(m_use, sum);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int s = lane; s < used; s += 32) weights[qi * num_splits + s] *= inv;
+    for (int s = lane; s < used; s += 32) weights[s] *= inv;
   }
   __syncthreads();
-  const float* src = ws_out + static_cast<size_t>(item) * num_splits * group * D;
-  for (int idx = threadIdx.x; idx < group * D; idx += kThreads) {
-    const int qi = idx / D;
-    float acc = 0.0f;
-    for (int s = 0; s < used; ++s) acc += weights[qi * num_splits + s] * src[s * group * D + idx];
-    out[row0 * D + idx] = from_float<OutT>(acc);
-  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMergeInline; ++k)
+    if (k < used) acc += weights[k] * v[k];
+  for (int s = kMergeInline; s < used; ++s) acc += weights[s] * src[s * stride];
+  out[row * D + threadIdx.x] = from_float<OutT>(acc);
 }
 
 bool valid_shape(const PagedDecodeParams& p) {
@@ -528,27 +550,32 @@ int tokens_per_split(const PagedDecodeParams& p) {
   if (cudaGetDevice(&device) == cudaSuccess)
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   const int per_sm = std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  // Measured on the H200 (docs/results/gpu-kernels.md): with few items (small batch) about one
-  // block per SM is best, each block streaming a long range with a small merge; with many items,
-  // about four waves of resident blocks even out blocks that finish at different times, but only
-  // while blocks stay long (>= 2048 tokens); short lists (sparse budgets) do best with one wave.
+  // Measured on the H200 (docs/results/gpu-kernels.md): with few items (small batch), one wave of
+  // resident blocks (2 per SM hide the compute between one block's loads) while blocks still
+  // stream >= 1024 tokens, else about one block per SM; with many items, about four waves even
+  // out blocks that finish at different times, but only while blocks stay long (>= 2048
+  // tokens); short lists (sparse budgets) do best with one wave.
   const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
   const int64_t wave = static_cast<int64_t>(sms) * per_sm;
-  int64_t splits = std::max<int64_t>(1, sms / items);
-  if (items >= 32) {
-    splits = std::max<int64_t>(1, 4 * wave / items);
-    if (p.max_tokens / splits < 2048) splits = std::max<int64_t>(1, wave / items);
+  auto split_size = [&](int64_t splits) {  // tokens per split, a multiple of the quantum
+    int64_t tps = (p.max_tokens + splits - 1) / splits;
+    tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
+    return std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
+  };
+  const int64_t one_wave = std::max<int64_t>(1, wave / items);
+  int64_t tps = split_size(std::max<int64_t>(1, sms / items));
+  if (items < 32 && split_size(one_wave) >= 1024) {
+    tps = split_size(one_wave);  // long lists: more warps per SM hide the compute
+  } else if (items >= 32) {
+    const int64_t four_waves = std::max<int64_t>(1, 4 * wave / items);
+    tps = split_size(p.max_tokens / four_waves < 2048 ? one_wave : four_waves);
   }
-  int64_t tps = (p.max_tokens + splits - 1) / splits;
-  tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
-  tps = std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
   return static_cast<int>(tps);
 }
 
 template <int D, typename OutT>
 cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) {
-  const int tps = tokens_per_split(p);
   const int splits = paged_decode_splits(p);
   if (workspace_bytes < paged_decode_workspace_bytes(p)) return cudaErrorInvalidValue;
   const int items = p.num_seqs * p.num_kv_heads;
@@ -562,23 +589,23 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   switch (load_path(p)) {
     case Copy::kThread16:
       paged_decode_kernel<D, OutT, Copy::kThread16>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
       break;
     case Copy::kThread16L2:
       paged_decode_kernel<D, OutT, Copy::kThread16L2>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
       break;
     case Copy::kWarp512:
       paged_decode_kernel<D, OutT, Copy::kWarp512>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, tps, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
       break;
   }
   if (splits == 1) return cudaGetLastError();
   // Programmatic dependent launch: the merge grid's launch overlaps the main grid's tail.
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(items);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(p.group) * splits * sizeof(float);
+  cfg.gridDim = dim3(items, p.group);
+  cfg.blockDim = dim3(D);
+  cfg.dynamicSmemBytes = static_cast<size_t>(splits) * sizeof(float);
   cfg.stream = stream;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -593,7 +620,7 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   cfg.numAttrs = hopper ? 1 : 0;
   const float* partial_out = ws_out;
   const float2* partial_ml = ws_ml;
-  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, tps, splits, out,
+  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, p.tokens_per_split, splits, out,
                             partial_out, partial_ml);
 }
 

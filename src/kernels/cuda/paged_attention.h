@@ -21,10 +21,12 @@
 // once for the whole group. Scores and accumulation are fp32 (tensor-core bf16 products, fp32
 // sums); probabilities enter the P·V product rounded to bf16, as in flash attention.
 //
-// Split-K: each item's token range is cut into splits of tokens_per_split tokens, one thread
-// block each; with more than one split, partial results (max, sum, unnormalised output) go to
-// the workspace and a merge kernel combines them (launched as a programmatic dependent on
-// sm_90). Measured on the H200 against cuDNN: docs/results/gpu-kernels.md.
+// Split-K: each item's token range is cut into splits, one thread block each: of
+// tokens_per_split tokens when the caller sets it, else the launch picks the number of splits
+// from max_tokens and each item spreads its own tokens over all of them. With more than one
+// split, partial results (max, sum, unnormalised output) go to the workspace and a merge kernel
+// combines them (launched as a programmatic dependent on sm_90). Measured on the H200 against
+// cuDNN: docs/results/gpu-kernels.md.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -47,7 +49,7 @@ struct PagedDecodeParams {
   int page_size = 16;  // multiple of 8 in [8, 64]
   int max_tokens = 0;  // upper bound of num_tokens[i]; sizes the split grid
   float scale = 0.0f;  // softmax scale (usually 1/sqrt(head_dim))
-  int tokens_per_split = 0;  // 0: chosen to fill the GPU; else a multiple of 64
+  int tokens_per_split = 0;  // 0: splits chosen to fill the GPU; else a multiple of 64
   // How K/V tiles reach shared memory: -1 the default (2); 0 cp.async 16 B per thread in
   // fragment order; 1 the same with a 256-byte L2 prefetch hint; 2 cp.async with each warp
   // instruction covering 512 contiguous bytes, swizzled. For benchmarks and tuning; every path
