@@ -120,7 +120,8 @@ enum class Copy {
   kThread16 = 0,    // cp.async, each thread its own 16-byte fragment pieces
   kThread16L2 = 1,  // the same with a 256-byte L2 prefetch hint
   kWarp512 = 2,     // cp.async with the warp's 32 lanes on 512 contiguous bytes (whole 128-byte
-                    // lines per instruction), swizzled in shared memory; L2 hint as path 1
+                    // lines per instruction), swizzled in shared memory, no L2 prefetch hint (it
+                    // cost 4-6% of the bandwidth at batch 8-32 here)
 };
 
 // The load path used unless PagedDecodeParams::load_path says otherwise.
@@ -230,8 +231,8 @@ __global__ void __launch_bounds__(kThreads)
         const int row = off / (2 * D);
         const bool valid = group_first + row < t_end;
         const uint32_t dst = base + rr * kPart + swizzled(row, (off % (2 * D)) >> 4);
-        copy_async_l2_256(dst, src + (valid ? off / 2 : 0), valid ? 16 : 0);
-        copy_async_l2_256(dst + 2 * kPart, src + (valid ? ps * D + off / 2 : 0), valid ? 16 : 0);
+        copy_async(dst, src + (valid ? off / 2 : 0), valid ? 16 : 0);
+        copy_async(dst + 2 * kPart, src + (valid ? ps * D + off / 2 : 0), valid ? 16 : 0);
       }
     }
   };

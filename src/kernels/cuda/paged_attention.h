@@ -52,8 +52,8 @@ struct PagedDecodeParams {
   int tokens_per_split = 0;  // 0: splits chosen to fill the GPU; else a multiple of 64
   // How K/V tiles reach shared memory: -1 the default (2); 0 cp.async 16 B per thread in
   // fragment order; 1 the same with a 256-byte L2 prefetch hint; 2 cp.async with each warp
-  // instruction covering 512 contiguous bytes, swizzled. For benchmarks and tuning; every path
-  // computes the same result.
+  // instruction covering 512 contiguous bytes, swizzled, no hint. For benchmarks and tuning;
+  // every path computes the same result.
   int load_path = -1;
   // Optional [num_seqs][num_kv_heads * group] fp32 output, indexed like `out`'s rows (row
   // r = seq * num_kv_heads * group + kv_head * group + j): the natural-log log-sum-exp of that
