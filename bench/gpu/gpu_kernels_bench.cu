@@ -254,12 +254,14 @@ void free_workload(Workload& w) {
 void bench_dense(cudaStream_t stream, std::mt19937& rng) {
   const int kv_heads = 8, page = 16, d = 128;
   const size_t page_bytes = size_t{2} * page * d * 2;
+  int shapes_run = 0;
   for (int context : {32768, 131072})
     for (int group : {5, 4})
       for (int batch : {1, 8, 32}) {
         char config[96];
         std::snprintf(config, sizeof config, "hq%d/hkv8 B%d ctx%dK", group * 8, batch, context / 1024);
         if (std::string(config).find(g_only) == std::string::npos) continue;
+        ++shapes_run;
         const int items = batch * kv_heads;
         const int pages_per_item = context / page;
         const size_t kv_bytes = static_cast<size_t>(items) * pages_per_item * page_bytes;
@@ -317,6 +319,7 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
         free_workload(w);
         cudaFree(pool);
       }
+  if (shapes_run == 0) std::fprintf(stderr, "dense: no shape's name contains \"%s\"\n", g_only.c_str());
 }
 
 // (b) sparse: per (request, KV head) a 2K-token budget = 128 pages of 16 chosen at random from a

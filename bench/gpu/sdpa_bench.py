@@ -72,8 +72,9 @@ def time_calls(fn, calls):
 def main():
     parser = argparse.ArgumentParser(description="PyTorch SDPA decode and prefill attention timings (CSV).")
     parser.add_argument("out", nargs="?", help="CSV file (default: stdout)")
-    parser.add_argument("--prefill-only", action="store_true", help="time only the prefill shapes")
-    parser.add_argument("--decode-only", action="store_true", help="time only the decode shapes")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--prefill-only", action="store_true", help="time only the prefill shapes")
+    only.add_argument("--decode-only", action="store_true", help="time only the decode shapes")
     args = parser.parse_args()
     prefill_only = args.prefill_only
     out = open(args.out, "w") if args.out else sys.stdout

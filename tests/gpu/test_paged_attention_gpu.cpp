@@ -295,18 +295,39 @@ TEST_F(GpuPagedAttention, LogSumExpMatchesReference) {
   EXPECT_GT(last_splits, 1);
 }
 
-TEST_F(GpuPagedAttention, AutomaticSplitsSpreadEachItemOverTheGrid) {
+TEST_F(GpuPagedAttention, AutomaticSplitsFollowEachItemsLength) {
   // The engine bounds max_tokens by a power-of-two context bucket, so lists are often much
-  // shorter than the grid was sized for: each item spreads its tokens over all splits, and the
-  // merge sees from 1 to more than 32 (its inline loads) partials.
+  // shorter than the grid was sized for (sparse lists always are): each item takes the splits the
+  // policy gives its own length. Outputs against the reference, with 1 to more than 32 partials
+  // per item in the merge.
   check_lse = true;
   max_tokens_bound = 65536;
   Shape batch1{1, 8, 5, 128, 16, {33000, 3000, 70, 0, 1, 16400, 65536, 640}, 0, 1.0f};
   run<__nv_bfloat16>(batch1, 1e-2);
-  EXPECT_GT(last_splits, 16);
   Shape two{1, 2, 4, 64, 32, {40000, 129}, 0, 4.0f};
   run<float>(two, 1e-2);
-  EXPECT_GT(last_splits, 32);
+  Shape many{6, 8, 4, 128, 16, random_lengths(48, 700), 0, 1.0f};  // 48 items: the many-item rule
+  run<__nv_bfloat16>(many, 1e-2);
+
+  cuda::PagedDecodeParams p;
+  p.num_kv_heads = 8;
+  p.group = 5;
+  p.max_tokens = 65536;
+  p.scale = 1.0f;
+  p.num_seqs = 1;
+  const int grid = cuda::paged_decode_splits(p);
+  ASSERT_GT(grid, 1);
+  // Batch 1: a short (sparse) list still spreads, unlike one cut at the grid's split size.
+  EXPECT_GT(cuda::paged_decode_item_splits(p, 512), 1);
+  EXPECT_GT(cuda::paged_decode_item_splits(p, 33000), cuda::paged_decode_item_splits(p, 512));
+  EXPECT_LE(cuda::paged_decode_item_splits(p, 65536), grid);
+  EXPECT_EQ(cuda::paged_decode_item_splits(p, 0), 1);
+  // Batch 16: short lists take fewer splits than the grid has (about one wave in all, not four).
+  p.num_seqs = 16;
+  EXPECT_LT(cuda::paged_decode_item_splits(p, 512), cuda::paged_decode_splits(p));
+  // A fixed split size is the caller's.
+  p.tokens_per_split = 1024;
+  EXPECT_EQ(cuda::paged_decode_item_splits(p, 3000), 3);
 }
 
 TEST_F(GpuPagedAttention, RejectsUnsupportedShapes) {

@@ -25,14 +25,49 @@ constexpr int kMaxSplits = 1024;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tokens of one split of an item with n_tok tokens. A fixed size (the caller's tokens_per_split),
-// or, when the launch chose the splits itself (fixed == 0), the item's tokens spread over all
-// num_splits: a grid sized for max_tokens then keeps every block busy for shorter items too (the
-// engine sizes max_tokens by a power-of-two context bucket).
-__device__ __forceinline__ int split_tokens(int n_tok, int fixed, int num_splits) {
-  if (fixed > 0) return fixed;
-  const int per = (n_tok + num_splits - 1) / num_splits;
-  return max(1, (per + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
+// Where the launch picks the splits (tokens_per_split == 0), the blocks of an item and the
+// partials they leave follow one policy, measured on the H200 (docs/results/gpu-kernels.md):
+// - few items (small batch): one wave of resident blocks (2 per SM at d=128 hide one block's
+//   compute between its loads) while blocks still stream >= 1024 tokens, else about one block
+//   per SM;
+// - many items: about four waves even out blocks that finish at different times, but only while
+//   blocks stay long (>= 2048 tokens); shorter lists (sparse budgets) do best with one wave.
+// The host applies it to max_tokens to size the grid; each block applies it to its own item's
+// length, never going below an even spread over the grid's splits. The engine sizes max_tokens
+// by a power-of-two context bucket, and sparse lists are far shorter than the context, so an
+// item's own length is what sets how many blocks it should use.
+__host__ __device__ inline int64_t at_least(int64_t v, int64_t floor) { return v > floor ? v : floor; }
+
+struct SplitPolicy {
+  int sms = 0;   // multiprocessors
+  int wave = 0;  // resident blocks in one wave
+  int items = 0;
+
+  // Tokens per split when `tokens` are cut into `splits`: a multiple of the quantum, and at most
+  // kMaxSplits splits.
+  __host__ __device__ int64_t per_split(int64_t tokens, int64_t splits) const {
+    const int64_t tps = at_least((tokens + splits - 1) / splits, (tokens + kMaxSplits - 1) / kMaxSplits);
+    return at_least((tps + kSplitQuantum - 1) / kSplitQuantum, 1) * kSplitQuantum;
+  }
+  __host__ __device__ int64_t split_tokens(int64_t tokens) const {
+    const int64_t one_wave = at_least(wave / items, 1);
+    if (items < 32) {
+      const int64_t full = per_split(tokens, one_wave);
+      return full >= 1024 ? full : per_split(tokens, at_least(sms / items, 1));
+    }
+    const int64_t four_waves = at_least(4 * wave / items, 1);
+    return per_split(tokens, tokens / four_waves < 2048 ? one_wave : four_waves);
+  }
+  // Tokens per block of an item with n_tok tokens under a grid of num_splits: the policy for the
+  // item's own length, but no fewer than an even spread (so it never needs more splits).
+  __host__ __device__ int64_t item_split_tokens(int64_t n_tok, int64_t num_splits) const {
+    return at_least(split_tokens(n_tok), per_split(n_tok, num_splits));
+  }
+};
+
+// Tokens per block of an item with n_tok tokens: the caller's fixed size, else the policy's.
+__device__ __forceinline__ int split_tokens(int n_tok, int fixed, int num_splits, const SplitPolicy& policy) {
+  return fixed > 0 ? fixed : static_cast<int>(policy.item_split_tokens(n_tok, num_splits));
 }
 
 // Natural-log log-sum-exp from the kernel's log2-domain state: running max m (0 when every score
@@ -135,12 +170,12 @@ __device__ __forceinline__ const __nv_bfloat16* page_start(const PagedDecodePara
 
 template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
-    paged_decode_kernel(PagedDecodeParams p, int fixed_split, int num_splits, OutT* out,
+    paged_decode_kernel(PagedDecodeParams p, int fixed_split, int num_splits, SplitPolicy policy, OutT* out,
                         float* ws_out, float2* ws_ml) {
   const int item = blockIdx.x;
   const int split = blockIdx.y;
   const int n_tok = p.num_tokens[item];
-  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits);
+  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits, policy);
   const int t_begin = split * tokens_per_split;
   if (split > 0 && t_begin >= n_tok) return;  // the merge counts only splits with tokens
   const int t_end = min(n_tok, t_begin + tokens_per_split);
@@ -449,15 +484,16 @@ __global__ void __launch_bounds__(kThreads)
 
 // One block of D threads per (item, query head): each thread sums its output dim over the
 // splits, weighted by exp2(m_split - m_max) / sum, which warp 0 computes into shared memory. The
-// partials were just written (L2) and the merge is bound by load latency, so each thread loads
-// its first kMergeInline partials before the weights are known, in one round with warp 0's loads.
+// partials were just written by the main grid, which may still be finishing when this one starts
+// (programmatic launch), so they are read through L2 (ld.global.cg), never the read-only path.
+// The merge is bound by load latency: each thread loads its first kMergeInline partials before the
+// weights are known, in one round with warp 0's loads.
 constexpr int kMergeInline = 32;
 
 template <int D, typename OutT>
 __global__ void __launch_bounds__(D)
-    paged_decode_merge_kernel(PagedDecodeParams p, int fixed_split, int num_splits,
-                              OutT* out, const float* __restrict__ ws_out,
-                              const float2* __restrict__ ws_ml) {
+    paged_decode_merge_kernel(PagedDecodeParams p, int fixed_split, int num_splits, SplitPolicy policy,
+                              OutT* out, const float* ws_out, const float2* ws_ml) {
   extern __shared__ float weights[];  // [num_splits]
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the main kernel are complete
@@ -465,8 +501,9 @@ __global__ void __launch_bounds__(D)
   const int item = blockIdx.x;
   const int qi = blockIdx.y;
   const int n_tok = p.num_tokens[item];
-  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits);
-  const int used = max(1, (n_tok + tokens_per_split - 1) / tokens_per_split);
+  const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits, policy);
+  // min(): a list longer than max_tokens (a caller's error) must not read past the workspace.
+  const int used = min(num_splits, max(1, (n_tok + tokens_per_split - 1) / tokens_per_split));
   const int group = p.group;
   const int seq = item / p.num_kv_heads;
   const int kv_head = item - seq * p.num_kv_heads;
@@ -476,16 +513,16 @@ __global__ void __launch_bounds__(D)
   const size_t stride = static_cast<size_t>(group) * D;  // from one split's partial to the next
   float v[kMergeInline];
 #pragma unroll
-  for (int k = 0; k < kMergeInline; ++k) v[k] = k < used ? src[k * stride] : 0.0f;
+  for (int k = 0; k < kMergeInline; ++k) v[k] = k < used ? __ldcg(src + k * stride) : 0.0f;
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     float m_max = -INFINITY;
-    for (int s = lane; s < used; s += 32) m_max = fmaxf(m_max, ws_ml[first_slot + s * group].x);
+    for (int s = lane; s < used; s += 32) m_max = fmaxf(m_max, __ldcg(&ws_ml[first_slot + s * group]).x);
     for (int off = 16; off > 0; off >>= 1) m_max = fmaxf(m_max, __shfl_xor_sync(0xffffffffu, m_max, off));
     const float m_use = m_max == -INFINITY ? 0.0f : m_max;
     float sum = 0.0f;
     for (int s = lane; s < used; s += 32) {
-      const float2 ml = ws_ml[first_slot + s * group];
+      const float2 ml = __ldcg(&ws_ml[first_slot + s * group]);
       const float wt = exp2f(ml.x - m_use);
       weights[s] = wt;
       sum += wt * ml.y;
@@ -500,7 +537,7 @@ __global__ void __launch_bounds__(D)
 #pragma unroll
   for (int k = 0; k < kMergeInline; ++k)
     if (k < used) acc += weights[k] * v[k];
-  for (int s = kMergeInline; s < used; ++s) acc += weights[s] * src[s * stride];
+  for (int s = kMergeInline; s < used; ++s) acc += weights[s] * __ldcg(src + s * stride);
   out[row * D + threadIdx.x] = from_float<OutT>(acc);
 }
 
@@ -512,8 +549,7 @@ bool valid_shape(const PagedDecodeParams& p) {
          static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX;
 }
 
-// Blocks of the kernel for head dim D that fit on one SM (shared memory bounds it), and lets the
-// kernel use that much dynamic shared memory. Computed once per instantiation.
+// Lets one instantiation use kSmemBytes<D> of dynamic shared memory.
 template <int D, typename OutT, Copy kCopy>
 bool allow_smem() {
   return cudaFuncSetAttribute(paged_decode_kernel<D, OutT, kCopy>,
@@ -544,34 +580,20 @@ Copy load_path(const PagedDecodeParams& p) {
   return p.load_path >= 0 ? static_cast<Copy>(p.load_path) : kDefaultCopy;
 }
 
-int tokens_per_split(const PagedDecodeParams& p) {
-  if (p.tokens_per_split > 0) return p.tokens_per_split;
-  int sms = 132;
+SplitPolicy split_policy(const PagedDecodeParams& p) {
+  SplitPolicy policy;
   int device = 0;
+  policy.sms = 132;
   if (cudaGetDevice(&device) == cudaSuccess)
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int per_sm = std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  // Measured on the H200 (docs/results/gpu-kernels.md): with few items (small batch), one wave of
-  // resident blocks (2 per SM hide the compute between one block's loads) while blocks still
-  // stream >= 1024 tokens, else about one block per SM; with many items, about four waves even
-  // out blocks that finish at different times, but only while blocks stay long (>= 2048
-  // tokens); short lists (sparse budgets) do best with one wave.
-  const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
-  const int64_t wave = static_cast<int64_t>(sms) * per_sm;
-  auto split_size = [&](int64_t splits) {  // tokens per split, a multiple of the quantum
-    int64_t tps = (p.max_tokens + splits - 1) / splits;
-    tps = std::max<int64_t>(tps, (p.max_tokens + kMaxSplits - 1) / kMaxSplits);
-    return std::max<int64_t>(1, (tps + kSplitQuantum - 1) / kSplitQuantum) * kSplitQuantum;
-  };
-  const int64_t one_wave = std::max<int64_t>(1, wave / items);
-  int64_t tps = split_size(std::max<int64_t>(1, sms / items));
-  if (items < 32 && split_size(one_wave) >= 1024) {
-    tps = split_size(one_wave);  // long lists: more warps per SM hide the compute
-  } else if (items >= 32) {
-    const int64_t four_waves = std::max<int64_t>(1, 4 * wave / items);
-    tps = split_size(p.max_tokens / four_waves < 2048 ? one_wave : four_waves);
-  }
-  return static_cast<int>(tps);
+    cudaDeviceGetAttribute(&policy.sms, cudaDevAttrMultiProcessorCount, device);
+  policy.wave = policy.sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
+  policy.items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads));
+  return policy;
+}
+
+// Tokens per split that size the grid: the caller's, else the policy at max_tokens.
+int64_t grid_split_tokens(const PagedDecodeParams& p) {
+  return p.tokens_per_split > 0 ? p.tokens_per_split : split_policy(p).split_tokens(p.max_tokens);
 }
 
 template <int D, typename OutT>
@@ -586,19 +608,20 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   float* ws_out = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
   if (blocks_per_sm<D>() == 0) return cudaErrorInvalidConfiguration;  // also sets the smem limit
+  const SplitPolicy policy = split_policy(p);
   const dim3 grid(items, splits);
   switch (load_path(p)) {
     case Copy::kThread16:
       paged_decode_kernel<D, OutT, Copy::kThread16>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
       break;
     case Copy::kThread16L2:
       paged_decode_kernel<D, OutT, Copy::kThread16L2>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
       break;
     case Copy::kWarp512:
       paged_decode_kernel<D, OutT, Copy::kWarp512>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, out, ws_out, ws_ml);
+          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
       break;
   }
   if (splits == 1) return cudaGetLastError();
@@ -621,7 +644,7 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   cfg.numAttrs = hopper ? 1 : 0;
   const float* partial_out = ws_out;
   const float2* partial_ml = ws_ml;
-  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, p.tokens_per_split, splits, out,
+  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, p.tokens_per_split, splits, policy, out,
                             partial_out, partial_ml);
 }
 
@@ -635,10 +658,17 @@ cudaError_t dispatch(const PagedDecodeParams& p, OutT* out, void* workspace,
 
 }  // namespace
 
+int paged_decode_item_splits(const PagedDecodeParams& p, int n_tok) {
+  if (!valid_shape(p) || n_tok < 0) return 1;
+  const int grid = paged_decode_splits(p);
+  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : split_policy(p).item_split_tokens(n_tok, grid);
+  return static_cast<int>(std::min<int64_t>(grid, std::max<int64_t>(1, (n_tok + tps - 1) / tps)));
+}
+
 int paged_decode_splits(const PagedDecodeParams& p) {
   if (!valid_shape(p)) return 1;
-  const int tps = tokens_per_split(p);
-  return std::max(1, (p.max_tokens + tps - 1) / tps);
+  const int64_t tps = grid_split_tokens(p);
+  return static_cast<int>(std::max<int64_t>(1, (p.max_tokens + tps - 1) / tps));
 }
 
 size_t paged_decode_workspace_bytes(const PagedDecodeParams& p) {

@@ -22,8 +22,9 @@
 // sums); probabilities enter the P·V product rounded to bf16, as in flash attention.
 //
 // Split-K: each item's token range is cut into splits, one thread block each: of
-// tokens_per_split tokens when the caller sets it, else the launch picks the number of splits
-// from max_tokens and each item spreads its own tokens over all of them. With more than one
+// tokens_per_split tokens when the caller sets it, else the launch sizes the grid by its split
+// policy at max_tokens and each item takes as many of those splits as the policy gives its own
+// length (paged_decode_item_splits). With more than one
 // split, partial results (max, sum, unnormalised output) go to the workspace and a merge kernel
 // combines them (launched as a programmatic dependent on sm_90). Measured on the H200 against
 // cuDNN: docs/results/gpu-kernels.md.
@@ -66,6 +67,10 @@ struct PagedDecodeParams {
 
 // Splits per item the launch will use (1 means no merge pass and no workspace).
 int paged_decode_splits(const PagedDecodeParams& p);
+
+// Splits an item of n_tok tokens (<= max_tokens) runs on, at most paged_decode_splits(p): with
+// tokens_per_split 0, the launch's policy applied to the item's own length.
+int paged_decode_item_splits(const PagedDecodeParams& p, int n_tok);
 
 // Workspace bytes the launch needs (0 when one split suffices).
 size_t paged_decode_workspace_bytes(const PagedDecodeParams& p);
