@@ -81,17 +81,16 @@ TEST_F(GpuRmsNorm, Bf16ResidualMatchesCpu) {
       wf[i] = bf16_to_f32(w[i]);
     }
     cpu::rmsnorm(sum.data(), wf.data(), ref.data(), rows, n, 1e-6f);
-    __nv_bfloat16 *bx, *br, *bw, *by;
-    const size_t bytes = (count + c.offset) * 2;
-    CUDA_OK(cudaMalloc(&bx, bytes));
-    CUDA_OK(cudaMalloc(&br, bytes));
-    CUDA_OK(cudaMalloc(&bw, (n + c.w_offset) * 2));
-    CUDA_OK(cudaMalloc(&by, bytes));
-    __nv_bfloat16 *dx = bx + c.offset, *dr = br + c.offset, *dw = bw + c.w_offset, *dy = by + c.offset;
+    // Poisoned buffers (NaN) with room for the offsets; inputs copied in past them.
+    DeviceArray<uint16_t> bx(count + c.offset), br(count + c.offset), bw(n + c.w_offset), by(count + c.offset);
+    ASSERT_TRUE(!bx.status() && !br.status() && !bw.status() && !by.status());
+    auto at = [](const DeviceArray<uint16_t>& a, int64_t offset) {
+      return reinterpret_cast<__nv_bfloat16*>(a.get() + offset);
+    };
+    __nv_bfloat16 *dx = at(bx, c.offset), *dr = at(br, c.offset), *dw = at(bw, c.w_offset), *dy = at(by, c.offset);
     CUDA_OK(cudaMemcpy(dx, x.data(), count * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dr, res.data(), count * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dw, w.data(), n * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemset(by, 0xff, bytes));
     CUDA_OK(cuda::rmsnorm_residual_bf16(dx, c.residual ? dr : nullptr, dw, dy, rows, n, 1e-6f, nullptr));
     std::vector<uint16_t> y(count), r2(count);
     CUDA_OK(cudaMemcpy(y.data(), dy, count * 2, cudaMemcpyDeviceToHost));
@@ -105,10 +104,6 @@ TEST_F(GpuRmsNorm, Bf16ResidualMatchesCpu) {
     // The residual holds exactly the rounded sum, or is left alone without one.
     EXPECT_LE(rel_error(rf, c.residual ? sum : res_f), 1e-6);
     EXPECT_LE(rel_error(yf, ref), 1e-2);  // bf16 output
-    cudaFree(bx);
-    cudaFree(br);
-    cudaFree(bw);
-    cudaFree(by);
   }
 }
 

@@ -66,6 +66,7 @@ cudaError_t copy_rows(const bf16* src, const int32_t* rows, int64_t n_rows, int6
 // ---- q/k RMSNorm + RoPE ------------------------------------------------------------------------
 
 constexpr int kRopeThreads = 256;
+constexpr int kRopeWarps = kRopeThreads / 32;  // heads per block
 constexpr int kMaxHeadDim = 256;
 constexpr int kPairsPerLane = kMaxHeadDim / 2 / 32;
 
@@ -75,11 +76,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// A block per (token, group of kRopeThreads / 32 heads): the token's cos/sin table is computed in
-// shared memory (angle and trigonometry in double, as cpu::rope, so large positions keep their
+// A block per (token, group of kRopeWarps heads): the token's cos/sin table is computed in shared
+// memory (angle and trigonometry in double, as cpu::rope, so large positions keep their
 // precision), then each warp takes one head (q heads, then k heads). At batch 1 the heads spread
-// over several SMs instead of queueing on one block's warps. Lane l owns pairs l, l + 32, ...; a warp's loads of
-// one pair member are 32 consecutive (neox) or every-other (interleaved) bf16, so they coalesce.
+// over several SMs instead of queueing on one block's warps. Lane l owns pairs l, l + 32, ...; a
+// warp's loads of one pair member are 32 consecutive (neox) or every-other (interleaved) bf16, so
+// they coalesce.
 __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams p) {
   __shared__ float cos_table[kMaxHeadDim / 2];
   __shared__ float sin_table[kMaxHeadDim / 2];
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
       sin_table[i] = static_cast<float>(s) * p.mscale;
     }
     __syncthreads();
-    for (int h = blockIdx.y * (kRopeThreads / 32) + warp; h < heads; h += gridDim.y * (kRopeThreads / 32)) {
+    for (int h = blockIdx.y * kRopeWarps + warp; h < heads; h += gridDim.y * kRopeWarps) {
       const bool is_k = h >= p.n_heads;
       bf16* x = p.qkv + t * p.row_stride + static_cast<int64_t>(h) * p.head_dim;
       const bf16* norm = is_k ? p.k_norm : p.q_norm;
@@ -296,7 +298,7 @@ cudaError_t qk_norm_rope_bf16(const QkRopeParams& p, cudaStream_t stream) {
   if (p.n_tokens == 0) return cudaSuccess;
   if (!p.qkv || !p.positions || !p.inv_freq) return cudaErrorInvalidValue;
   const dim3 blocks(static_cast<unsigned>(std::min<int64_t>(p.n_tokens, int64_t{1} << 20)),
-                    static_cast<unsigned>(std::min(65535, (p.n_heads + p.n_kv_heads + kRopeThreads / 32 - 1) / (kRopeThreads / 32))));
+                    static_cast<unsigned>(std::min(65535, (p.n_heads + p.n_kv_heads + kRopeWarps - 1) / kRopeWarps)));
   qk_norm_rope_kernel<<<blocks, kRopeThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

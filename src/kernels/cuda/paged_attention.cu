@@ -65,6 +65,14 @@ struct SplitPolicy {
   }
 };
 
+// Splits with tokens for an item of n_tok tokens at tps tokens per split (at least one: an empty
+// item's first block writes its zeros), at most the grid's: a list longer than max_tokens (a
+// caller's error) must not read past the workspace. int in the kernels, int64_t on the host.
+template <typename I>
+__host__ __device__ inline I splits_used(I n_tok, I tps, I num_splits) {
+  return min(num_splits, max(I{1}, (n_tok + tps - 1) / tps));
+}
+
 // Tokens per block of an item with n_tok tokens: the caller's fixed size, else the policy's.
 __device__ __forceinline__ int split_tokens(int n_tok, int fixed, int num_splits, const SplitPolicy& policy) {
   return fixed > 0 ? fixed : static_cast<int>(policy.item_split_tokens(n_tok, num_splits));
@@ -502,8 +510,7 @@ __global__ void __launch_bounds__(D)
   const int qi = blockIdx.y;
   const int n_tok = p.num_tokens[item];
   const int tokens_per_split = split_tokens(n_tok, fixed_split, num_splits, policy);
-  // min(): a list longer than max_tokens (a caller's error) must not read past the workspace.
-  const int used = min(num_splits, max(1, (n_tok + tokens_per_split - 1) / tokens_per_split));
+  const int used = splits_used(n_tok, tokens_per_split, num_splits);
   const int group = p.group;
   const int seq = item / p.num_kv_heads;
   const int kv_head = item - seq * p.num_kv_heads;
@@ -662,7 +669,7 @@ int paged_decode_item_splits(const PagedDecodeParams& p, int n_tok) {
   if (!valid_shape(p) || n_tok < 0) return 1;
   const int grid = paged_decode_splits(p);
   const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : split_policy(p).item_split_tokens(n_tok, grid);
-  return static_cast<int>(std::min<int64_t>(grid, std::max<int64_t>(1, (n_tok + tps - 1) / tps)));
+  return static_cast<int>(splits_used<int64_t>(n_tok, tps, grid));
 }
 
 int paged_decode_splits(const PagedDecodeParams& p) {

@@ -481,8 +481,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // S = Q K^T of tile j into s (8 wgmma m64n128k16 over the head dims).
   auto issue_s = [&](int j) {
     const uint32_t k_buf = s_k + (j & 1) * wg::kTileBytes;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+    wgmma_fence_operand(s);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
@@ -496,8 +495,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // 64-dim halves kKeys * 128 bytes apart).
   auto issue_pv = [&](int j) {
     const uint32_t v_buf = s_v + (j & 1) * wg::kTileBytes;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+    wgmma_fence_operand(o);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk)
@@ -507,8 +505,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // Online softmax of tile j in s: s[4 nt + 2 h + e] is row (row0 + g + 8 h), key 128 j + 8 nt +
   // 2 t4 + e. Returns through alpha the rescale of what O holds.
   auto softmax = [&](int j, float (&alpha)[2]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+    wgmma_fence_operand(s);
     // The causal mask, on the tiles that reach past the warpgroup's first position only (the
     // branch is uniform in the warpgroup). Key 8 nt + e of this thread's columns lies past the
     // row's position when 8 nt + e > last (compared against immediates: a register per key would
@@ -553,8 +550,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     // Pins the results before the next wgmma wait: the compiler would otherwise sink this
     // arithmetic past it, and the softmax would no longer overlap the products.
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(s[i]);
+    wgmma_fence_operand(s);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       wgmma_fence_operand(alpha[h]);
@@ -564,8 +560,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // Once P V of the previous tile has finished: O's rescale, and the packing of P (before S of the
   // next tile overwrites s).
   auto rescale_o = [&](const float (&alpha)[2]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+    wgmma_fence_operand(o);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt)
 #pragma unroll
@@ -627,8 +622,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   rescale_o(alpha);
   issue_pv(n_tiles - 1);
   wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 64; ++i) wgmma_fence_operand(o[i]);
+  wgmma_fence_operand(o);
 
   if (!group_active) return;
 #pragma unroll

@@ -35,6 +35,11 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 // Keeps the compiler from moving accesses of `x` across an in-flight wgmma.
 __device__ __forceinline__ void wgmma_fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// The same for all 64 accumulators of an m64n128 wgmma.
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma_fence_operand(d[i]);
+}
 
 // The 64 fp32 accumulators of an m64n128 wgmma: the register list of the instruction, and the
 // asm output operands %0..%63 it names.
