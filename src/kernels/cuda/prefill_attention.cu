@@ -364,19 +364,28 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
 }
 
 // The warpgroup kernel (variant 2; sm_90a, head_dim 128): the same tile of 128 query rows per
-// block, split over two warpgroups of 64 rows, and KV tiles of 128 keys. Per KV tile and warpgroup
+// block, split over two warpgroups of 64 rows that multiply, and KV tiles of 128 keys. Per KV tile
+// and warpgroup
 //   S[64 x 128 keys]  = Q[64 x 128 dims] * K^T   (8 wgmma m64n128k16, both operands in shared memory)
 //   O[64 x 128 dims] += P[64 x 128 keys] * V     (8 wgmma m64n128k16, P from registers)
 // with the same online softmax as above. Q, K and V tiles sit in shared memory in the 128-byte
-// swizzled layout of wgmma.cuh (two 64-dim halves of 128 rows each); K and V are double-buffered
-// by cp.async, K two tiles ahead of its use and V one.
+// swizzled layout of wgmma.cuh (two 64-dim halves of 128 rows each).
+// A third warpgroup only copies: Q, then K and V tiles into rings of kStages buffers each, every
+// copy signalling a "full" mbarrier as it lands (cp.async.mbarrier.arrive). The multiplying
+// warpgroups wait on those and release each buffer through an "empty" mbarrier once their products
+// have read it, so no block-wide barrier runs per tile and the two drift freely within the rings.
+// The copying warpgroup hands most of its registers to the other two (setmaxnreg).
 namespace wg {
 constexpr int kRows = 128;
 constexpr int kKeys = 128;
 constexpr int kD = 128;
-constexpr int kThreads = 256;
-constexpr int kTileBytes = kKeys * kD * 2;                     // 32 KB: K or V, or Q (128 rows)
-constexpr int kSmemBytes = 5 * kTileBytes + 1024;              // Q, K x2, V x2, alignment slack
+constexpr int kThreads = 384;
+constexpr int kCopyThreads = 128;
+constexpr int kCopyRegisters = 40;
+constexpr int kMathRegisters = 232;  // (65536 - 128 x 40) / 256, rounded down to a multiple of 8
+constexpr int kStages = 3;
+constexpr int kTileBytes = kKeys * kD * 2;                         // 32 KB: K or V, or Q (128 rows)
+constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024;  // Q, K and V rings, alignment slack
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a 128-row swizzled tile.
 __device__ __forceinline__ uint32_t offset(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
@@ -394,74 +403,112 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   const int group = p.group;
   const int tok_begin = tile.tok_begin, t0 = tile.t0, t_valid = tile.t_valid, pos0 = tile.pos0, kv_end = tile.kv_end;
   const int n_tiles = (kv_end + wg::kKeys - 1) / wg::kKeys;
-  const int num_q_heads = p.num_kv_heads * group;
   const int ps = p.page_size;
-  const size_t page_elems = static_cast<size_t>(2) * ps * D;
-  const int32_t* ids = p.page_ids + p.list_offsets[seq * p.num_kv_heads + kv_head];
-
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int g = lane >> 2;
-  const int t4 = lane & 3;
-  const int group_of_warps = warp >> 2;  // the warpgroup: rows 64 * group_of_warps ..
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t s_q = (smem0 + 1023) & ~1023u;  // swizzle atoms are 1024-byte aligned
   const uint32_t s_k = s_q + wg::kTileBytes;
-  const uint32_t s_v = s_k + 2 * wg::kTileBytes;
-
-#pragma unroll
-  for (int it = 0; it < wg::kRows * 16 / wg::kThreads; ++it) {
-    const int i = tid + it * wg::kThreads;
-    const int row = i >> 4, chunk = i & 15;
-    const int tl = row / group;
-    const bool valid = tl < t_valid;
-    const __nv_bfloat16* src = p.q;
-    if (valid)
-      src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
-             static_cast<int64_t>(kv_head * group + row - tl * group) * D + chunk * 8;
-    copy_async(s_q + wg::offset(row, chunk), src, valid ? 16 : 0);
+  const uint32_t s_v = s_k + wg::kStages * wg::kTileBytes;
+  // Barriers: Q landed; per ring slot, K (V) landed and K (V) released.
+  __shared__ __align__(8) uint64_t barriers[1 + 4 * wg::kStages];
+  const uint32_t q_full = static_cast<uint32_t>(__cvta_generic_to_shared(barriers));
+  auto k_full = [&](int slot) { return q_full + 8 * (1 + slot); };
+  auto v_full = [&](int slot) { return q_full + 8 * (1 + wg::kStages + slot); };
+  auto k_empty = [&](int slot) { return q_full + 8 * (1 + 2 * wg::kStages + slot); };
+  auto v_empty = [&](int slot) { return q_full + 8 * (1 + 3 * wg::kStages + slot); };
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int b = 0; b < 1 + 2 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, wg::kCopyThreads);
+    for (int b = 1 + 2 * wg::kStages; b < 1 + 4 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, wg::kThreads - wg::kCopyThreads);
   }
-  // The page ids of KV tile `tile`, one per lane: lane l holds the id of the tile's l-th page (a
-  // tile of 128 keys spans at most 16 pages of 8 or more tokens). Loaded an iteration before the
-  // copies that use them, so no copy waits on a dependent load.
-  const int list_pages = (kv_end + ps - 1) / ps;
-  auto first_page = [&](int tile) { return static_cast<int>(__umulhi(static_cast<uint32_t>(tile * wg::kKeys), page_magic)); };
-  auto tile_ids = [&](int tile) {
-    const int page = first_page(tile) + (lane & 15);
-    return page < list_pages ? ids[page] : 0;
-  };
-  // K (part 0) or V (part 1) of KV tile `tile` into dst; keys at or past kv_end are zero-filled.
-  auto load_part = [&](int tile, uint32_t dst, int part, int32_t lane_ids) {
-    const int first = first_page(tile);
-#pragma unroll
-    for (int it = 0; it < wg::kKeys * 16 / wg::kThreads; ++it) {
-      const int i = tid + it * wg::kThreads;
-      const int row = i >> 4, chunk = i & 15;
-      const int key = tile * wg::kKeys + row;
-      const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
-      const int32_t id = __shfl_sync(0xffffffffu, lane_ids, (page - first) & 15);
-      const bool valid = key < kv_end;
-      const __nv_bfloat16* src = p.kv_pool;
-      if (valid) src += static_cast<size_t>(id) * page_elems + static_cast<size_t>(part * ps + key - page * ps) * D + chunk * 8;
-      copy_async(dst + wg::offset(row, chunk), src, valid ? 16 : 0);
-    }
-  };
-  // ids_v: the ids of the tile whose V loads next; ids_k: of the tile whose K loads next (one further).
-  int32_t ids_v = tile_ids(0);
-  int32_t ids_k = n_tiles > 1 ? tile_ids(1) : 0;
-  load_part(0, s_k, 0, ids_v);
-  copy_async_commit();
-  load_part(0, s_v, 1, ids_v);
-  if (n_tiles > 1) load_part(1, s_k + wg::kTileBytes, 0, ids_k);
-  copy_async_commit();
-  ids_v = ids_k;
-  ids_k = n_tiles > 2 ? tile_ids(2) : 0;
+  __syncthreads();
 
+  if (tid < wg::kCopyThreads) {
+    warpgroup_registers_decrease<wg::kCopyRegisters>();
+    // Two threads per row (rows r and r + 64): thread pair (2r, 2r + 1) copies the row's 16-byte
+    // chunks (0, 1), (2, 3), ..., so every warp instruction reads whole 32-byte sectors, and a
+    // thread looks up one page per row and tile.
+    const int row_lo = tid >> 1;
+    const int odd = tid & 1;
+    auto copy_row = [&](uint32_t dst, int row, const __nv_bfloat16* src, bool valid) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) copy_async(dst + wg::offset(row, odd + 2 * i), src + 16 * i, valid ? 16 : 0);
+    };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row_lo + 64 * half;
+      const int tl = row / group;
+      const bool valid = tl < t_valid;
+      const __nv_bfloat16* src = p.q;
+      if (valid)
+        src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
+               static_cast<int64_t>(kv_head * group + row - tl * group) * D + odd * 8;
+      copy_row(s_q, row, src, valid);
+    }
+    mbarrier_arrive_on_copies(q_full);
+
+    const int32_t* ids = p.page_ids + p.list_offsets[seq * p.num_kv_heads + kv_head];
+    const size_t page_elems = static_cast<size_t>(2) * ps * D;
+    // The page ids of this thread's two rows of tile t (0 past kv_end), fetched a tile ahead of
+    // their copies so no copy waits on a dependent load.
+    auto row_ids = [&](int t, int32_t (&id)[2]) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = t * wg::kKeys + row_lo + 64 * half;
+        id[half] = key < kv_end ? ids[__umulhi(static_cast<uint32_t>(key), page_magic)] : 0;
+      }
+    };
+    // K (part 0) or V (part 1) of tile t; keys at or past kv_end are zero-filled.
+    auto copy_part = [&](int t, uint32_t dst, int part, const int32_t (&id)[2]) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_lo + 64 * half;
+        const int key = t * wg::kKeys + row;
+        const bool valid = key < kv_end;
+        const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
+        const __nv_bfloat16* src = p.kv_pool;
+        if (valid) src += static_cast<size_t>(id[half]) * page_elems + static_cast<size_t>(part * ps + key - page * ps) * D + odd * 8;
+        copy_row(dst, row, src, valid);
+      }
+    };
+    // Tile t's K goes out before tile t - 1's V: the products of one step read S of tile t and
+    // P V of tile t - 1.
+    int32_t id_prev[2] = {0, 0}, id_cur[2], id_next[2] = {0, 0};
+    row_ids(0, id_cur);
+    for (int t = 0; t <= n_tiles; ++t) {
+      if (t + 1 < n_tiles) row_ids(t + 1, id_next);
+      if (t < n_tiles) {
+        const int slot = t % wg::kStages;
+        mbarrier_wait(k_empty(slot), ((t / wg::kStages) & 1) ^ 1);
+        copy_part(t, s_k + slot * wg::kTileBytes, 0, id_cur);
+        mbarrier_arrive_on_copies(k_full(slot));
+      }
+      if (t > 0) {
+        const int slot = (t - 1) % wg::kStages;
+        mbarrier_wait(v_empty(slot), (((t - 1) / wg::kStages) & 1) ^ 1);
+        copy_part(t - 1, s_v + slot * wg::kTileBytes, 1, id_prev);
+        mbarrier_arrive_on_copies(v_full(slot));
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        id_prev[half] = id_cur[half];
+        id_cur[half] = id_next[half];
+      }
+    }
+    copy_async_wait<0>();
+    return;
+  }
+
+  warpgroup_registers_increase<wg::kMathRegisters>();
+  const int num_q_heads = p.num_kv_heads * group;
+  const int mtid = tid - wg::kCopyThreads;
+  const int warp = mtid >> 5;
+  const int lane = mtid & 31;
+  const int g = lane >> 2;
+  const int t4 = lane & 3;
+  const int group_row0 = (warp >> 2) * 64;  // the warpgroup's rows: 64 from here
   // This thread's rows: row0 + g and row0 + g + 8, at positions pos[0], pos[1].
-  const int group_row0 = group_of_warps * 64;
   const int row0 = group_row0 + (warp & 3) * 16;
   const int pos[2] = {pos0 + (row0 + g) / group, pos0 + (row0 + g + 8) / group};
   const bool group_active = group_row0 / group < t_valid;  // else every row of the warpgroup is padding
@@ -478,9 +525,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 
   // A warpgroup of padding rows, or one whose rows see no key of a tile, computes it anyway (its
   // probabilities are 0): wgmma in a branch would be serialized.
-  // S = Q K^T of tile j into s (8 wgmma m64n128k16 over the head dims).
-  auto issue_s = [&](int j) {
-    const uint32_t k_buf = s_k + (j & 1) * wg::kTileBytes;
+  // S = Q K^T of the K tile in ring slot `slot` into s (8 wgmma m64n128k16 over the head dims).
+  auto issue_s = [&](int slot) {
+    const uint32_t k_buf = s_k + slot * wg::kTileBytes;
     wgmma_fence_operand(s);
     wgmma_fence();
 #pragma unroll
@@ -491,10 +538,10 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     wgmma_commit();
   };
-  // O += P V of tile j, P from pk (8 wgmma m64n128k16: 16 keys each; V's 128 dims along N in two
-  // 64-dim halves kKeys * 128 bytes apart).
-  auto issue_pv = [&](int j) {
-    const uint32_t v_buf = s_v + (j & 1) * wg::kTileBytes;
+  // O += P V of the V tile in ring slot `slot`, P from pk (8 wgmma m64n128k16: 16 keys each; V's
+  // 128 dims along N in two 64-dim halves kKeys * 128 bytes apart).
+  auto issue_pv = [&](int slot) {
+    const uint32_t v_buf = s_v + slot * wg::kTileBytes;
     wgmma_fence_operand(o);
     wgmma_fence();
 #pragma unroll
@@ -580,47 +627,47 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   };
   // ptxas schedules inside basic blocks and moves a wgmma wait up to the first instruction it
   // finds room for; a branch it cannot remove (paged_prefill_attention refuses a negative count)
-  // ends a block.
+  // ends a block. (An exit, not a trap: with a trap on the path ptxas keeps these warpgroups to the
+  // launch's 168 registers, ignoring setmaxnreg, and serializes the wgmmas.)
   auto schedule_boundary = [&] {
-    if (p.num_seqs < 0) __trap();
+    if (p.num_seqs < 0) asm volatile("exit;");
   };
-  // Waits for this thread's copies, then makes every thread's visible to wgmma.
-  auto copies_landed = [&] {
-    copy_async_wait<0>();
-    fence_proxy_async_shared();
-    __syncthreads();
-  };
+  // Waits for the use-th filling of a ring buffer. cp.async writes through the generic proxy and wgmma
+  // reads through the async one, hence the proxy fence after the waits.
+  auto wait_full = [&](uint32_t bar, int use) { mbarrier_wait(bar, (use / wg::kStages) & 1); };
 
   // Software pipeline over KV tiles: while the tensor cores run S of tile j + 1 and O += P V of
   // tile j, the warpgroup computes the softmax of tile j + 1; only O's rescale and P's packing wait
-  // for the products. K is loaded two tiles ahead, V one.
+  // for the products. Each buffer is released as soon as the products that read it have finished.
   float alpha[2];
-  copy_async_wait<1>();  // Q and K of tile 0
+  wait_full(q_full, 0);
+  wait_full(k_full(0), 0);
   fence_proxy_async_shared();
-  __syncthreads();
   issue_s(0);
   wgmma_wait<0>();
+  mbarrier_arrive(k_empty(0));
   softmax(0, alpha);
   for (int j = 0; j + 1 < n_tiles; ++j) {
-    copies_landed();  // V of tile j, K of tile j + 1; every warpgroup done with S of j and P V of j - 1
+    const int k_slot = (j + 1) % wg::kStages, v_slot = j % wg::kStages;
     pack_p();
     rescale_o(alpha);
-    issue_s(j + 1);
-    issue_pv(j);
-    if (j + 2 < n_tiles) load_part(j + 2, s_k + (j & 1) * wg::kTileBytes, 0, ids_k);
-    load_part(j + 1, s_v + ((j + 1) & 1) * wg::kTileBytes, 1, ids_v);
-    copy_async_commit();
-    ids_v = ids_k;
-    if (j + 3 < n_tiles) ids_k = tile_ids(j + 3);
+    wait_full(k_full(k_slot), j + 1);
+    wait_full(v_full(v_slot), j);
+    fence_proxy_async_shared();
+    issue_s(k_slot);
+    issue_pv(v_slot);
     wgmma_wait<1>();  // S of tile j + 1 (P V of tile j may still run)
+    mbarrier_arrive(k_empty(k_slot));
     softmax(j + 1, alpha);
     schedule_boundary();  // else the wait below moves above the softmax, which then waits for P V
     wgmma_wait<0>();
+    mbarrier_arrive(v_empty(v_slot));
   }
-  copies_landed();  // V of the last tile
   pack_p();
   rescale_o(alpha);
-  issue_pv(n_tiles - 1);
+  wait_full(v_full((n_tiles - 1) % wg::kStages), n_tiles - 1);
+  fence_proxy_async_shared();
+  issue_pv((n_tiles - 1) % wg::kStages);
   wgmma_wait<0>();
   wgmma_fence_operand(o);
 

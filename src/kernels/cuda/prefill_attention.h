@@ -29,9 +29,9 @@ struct PagedPrefillParams {
   float scale = 0.0f;      // softmax scale, > 0 (usually 1/sqrt(head_dim))
   // Work split of a 128-row query tile: -1 the default (2 where it runs, else 0); 0: 4 warps of
   // 32 rows (2 blocks per SM, Q re-read from shared memory every KV tile); 1: 8 warps of 16 rows
-  // (1 block per SM, Q in registers); 2: two warpgroups of 64 rows on Hopper's wgmma (head_dim 128
-  // only; cudaErrorNotSupported where prefill_wgmma_available() is false). For benchmarks and
-  // tuning; all compute the same result.
+  // (1 block per SM, Q in registers); 2: two warpgroups of 64 rows on Hopper's wgmma, fed by a
+  // third that copies (head_dim 128 only; cudaErrorNotSupported where prefill_wgmma_available() is
+  // false). For benchmarks and tuning; all compute the same result.
   int variant = -1;
 };
 

@@ -33,6 +33,37 @@ __device__ __forceinline__ void wgmma_wait() {
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// mbarriers in shared memory (PTX ISA, "mbarrier"): a phase completes once `count` arrivals
+// have happened; waiters name the phase by its parity.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival, made once every cp.async this thread issued before it has landed.
+__device__ __forceinline__ void mbarrier_arrive_on_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
+// waiting on parity 1 returns at once (the "previous" phase counts as complete).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nspin_mbarrier_retry:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra spin_mbarrier_retry;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Hands registers between the warpgroups of a block (every warp of a warpgroup executes it).
+template <int Registers>
+__device__ __forceinline__ void warpgroup_registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void warpgroup_registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
 // Keeps the compiler from moving accesses of `x` across an in-flight wgmma.
 __device__ __forceinline__ void wgmma_fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 // The same for all 64 accumulators of an m64n128 wgmma.
