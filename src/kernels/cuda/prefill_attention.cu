@@ -104,6 +104,18 @@ __device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows
   t.kv_end = t.pos0 + t.t_valid;
   return true;
 }
+// Where q row `row` of the tile starts (token t0 + row / group, query head row % group of KV head
+// kv_head), and whether it is a real row: padding rows (past the tile's tokens) are copied as zeros
+// from p.q.
+template <int D>
+__device__ __forceinline__ const __nv_bfloat16* q_row_start(const PagedPrefillParams& p, const QueryTile& t,
+                                                            int64_t q_row_stride, int kv_head, int row, bool& valid) {
+  const int tl = row / p.group;
+  valid = tl < t.t_valid;
+  if (!valid) return p.q;
+  return p.q + static_cast<int64_t>(t.tok_begin + t.t0 + tl) * q_row_stride +
+         static_cast<int64_t>(kv_head * p.group + row - tl * p.group) * D;
+}
 
 template <int D, int kWarps, int kRowFrags>
 __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
@@ -142,13 +154,9 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
     const int i = tid + it * C::kThreads;
     const int row = i / C::kChunks;
     const int chunk = i % C::kChunks;
-    const int tl = row / group;
-    const bool valid = tl < t_valid;
-    const __nv_bfloat16* src = p.q;
-    if (valid)
-      src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
-             static_cast<int64_t>(kv_head * group + row - tl * group) * D + chunk * 8;
-    copy_async(s_q + swizzle<D>(row, chunk), src, valid ? 16 : 0);
+    bool valid;
+    const __nv_bfloat16* src = q_row_start<D>(p, tile, q_row_stride, kv_head, row, valid);
+    copy_async(s_q + swizzle<D>(row, chunk), valid ? src + chunk * 8 : src, valid ? 16 : 0);
   }
   copy_async_commit();
 
@@ -438,13 +446,9 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_lo + 64 * half;
-      const int tl = row / group;
-      const bool valid = tl < t_valid;
-      const __nv_bfloat16* src = p.q;
-      if (valid)
-        src += static_cast<int64_t>(tok_begin + t0 + tl) * q_row_stride +
-               static_cast<int64_t>(kv_head * group + row - tl * group) * D + odd * 8;
-      copy_row(s_q, row, src, valid);
+      bool valid;
+      const __nv_bfloat16* src = q_row_start<D>(p, tile, q_row_stride, kv_head, row, valid);
+      copy_row(s_q, row, valid ? src + odd * 8 : src, valid);
     }
     mbarrier_arrive_on_copies(q_full);
 
