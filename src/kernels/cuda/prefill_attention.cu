@@ -1,5 +1,8 @@
 #include "kernels/cuda/prefill_attention.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cmath>
 #include <cstdint>
 
@@ -91,12 +94,13 @@ struct QueryTile {
   int pos0;       // position of token t0
   int kv_end;     // keys [0, kv_end) are read
 };
-__device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows, QueryTile& t) {
+__device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows, QueryTile& t, int tile_x = -1) {
   const int seq = blockIdx.y;
+  if (tile_x < 0) tile_x = static_cast<int>(blockIdx.x);
   t.tok_begin = p.token_offsets[seq];
   const int n_new = p.token_offsets[seq + 1] - t.tok_begin;
   const int tile_tokens = rows / p.group;
-  const int qtile = (n_new + tile_tokens - 1) / tile_tokens - 1 - static_cast<int>(blockIdx.x);
+  const int qtile = (n_new + tile_tokens - 1) / tile_tokens - 1 - tile_x;
   if (qtile < 0) return false;
   t.t0 = qtile * tile_tokens;
   t.t_valid = min(tile_tokens, n_new - t.t0);
@@ -378,11 +382,14 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
 //   O[64 x 128 dims] += P[64 x 128 keys] * V     (8 wgmma m64n128k16, P from registers)
 // with the same online softmax as above. Q, K and V tiles sit in shared memory in the 128-byte
 // swizzled layout of wgmma.cuh (two 64-dim halves of 128 rows each).
-// A third warpgroup only copies: Q, then K and V tiles into rings of kStages buffers each, every
-// copy signalling a "full" mbarrier as it lands (cp.async.mbarrier.arrive). The multiplying
-// warpgroups wait on those and release each buffer through an "empty" mbarrier once their products
-// have read it, so no block-wide barrier runs per tile and the two drift freely within the rings.
-// The copying warpgroup hands most of its registers to the other two (setmaxnreg).
+// A third warpgroup copies: Q by cp.async, then K and V tiles by TMA into rings of kStages slots
+// each, every box counted on a "full" mbarrier as it lands. The multiplying warpgroups wait on those
+// and release each slot through an "empty" mbarrier once their products have read it, so no
+// block-wide barrier runs per tile. The copying warpgroup hands most of its registers to the other
+// two (setmaxnreg).
+// Blocks run in clusters of 2 on adjacent query tiles of one (sequence, KV head): both walk the keys
+// of the longer tile, and each K/V box is read from L2 once and multicast into both (the bytes L2
+// sends to the SMs are what bounded the kernel when every block read its own).
 namespace wg {
 constexpr int kRows = 128;
 constexpr int kKeys = 128;
@@ -394,6 +401,7 @@ constexpr int kMathRegisters = 232;  // (65536 - 128 x 40) / 256, rounded down t
 constexpr int kStages = 3;
 constexpr int kTileBytes = kKeys * kD * 2;                         // 32 KB: K or V, or Q (128 rows)
 constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024;  // Q, K and V rings, alignment slack
+constexpr int kMathWarps = 8;
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a 128-row swizzled tile.
 __device__ __forceinline__ uint32_t offset(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
@@ -401,15 +409,26 @@ __device__ __forceinline__ uint32_t offset(int row, int chunk) {
 }  // namespace wg
 
 __global__ void __launch_bounds__(wg::kThreads, 1)
-    paged_prefill_wgmma_kernel(PagedPrefillParams p, int64_t q_row_stride, uint32_t page_magic, __nv_bfloat16* out) {
+    paged_prefill_wgmma_kernel(PagedPrefillParams p, int64_t q_row_stride, uint32_t page_magic, __nv_bfloat16* out,
+                               const __grid_constant__ CUtensorMap kv_map, int box_rows) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = wg::kD;
   QueryTile tile;
-  if (!query_tile(p, wg::kRows, tile)) return;
+  const bool own = query_tile(p, wg::kRows, tile);
+  // The cluster's CTAs (blockIdx.x 2c and 2c + 1) walk the keys of the longer of their two tiles.
+  // A CTA without a tile of its own walks its partner's with no rows (it stores nothing).
+  QueryTile other;
+  const bool partner = query_tile(p, wg::kRows, other, static_cast<int>(blockIdx.x ^ 1));
+  if (!own && !partner) return;
+  if (!own) {
+    tile = other;
+    tile.t_valid = 0;
+  }
+  const int kv_end = partner ? max(tile.kv_end, other.kv_end) : tile.kv_end;
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
   const int group = p.group;
-  const int tok_begin = tile.tok_begin, t0 = tile.t0, t_valid = tile.t_valid, pos0 = tile.pos0, kv_end = tile.kv_end;
+  const int tok_begin = tile.tok_begin, t0 = tile.t0, t_valid = tile.t_valid, pos0 = tile.pos0;
   const int n_tiles = (kv_end + wg::kKeys - 1) / wg::kKeys;
   const int ps = p.page_size;
 
@@ -427,16 +446,19 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   auto v_empty = [&](int slot) { return q_full + 8 * (1 + 3 * wg::kStages + slot); };
   const int tid = threadIdx.x;
   if (tid == 0) {
-    for (int b = 0; b < 1 + 2 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, wg::kCopyThreads);
-    for (int b = 1 + 2 * wg::kStages; b < 1 + 4 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, wg::kThreads - wg::kCopyThreads);
+    mbarrier_init(q_full, wg::kCopyThreads);
+    // full: lane 0's arrival with the tile's bytes; empty: one arrival per multiplying warp of both CTAs.
+    for (int b = 1; b < 1 + 2 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, 1);
+    for (int b = 1 + 2 * wg::kStages; b < 1 + 4 * wg::kStages; ++b) mbarrier_init(q_full + 8 * b, 2 * wg::kMathWarps);
   }
-  __syncthreads();
+  const uint32_t rank = cluster_rank();
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  cluster_sync();  // the partner's barriers exist before any box or arrival reaches them
 
   if (tid < wg::kCopyThreads) {
     warpgroup_registers_decrease<wg::kCopyRegisters>();
-    // Two threads per row (rows r and r + 64): thread pair (2r, 2r + 1) copies the row's 16-byte
-    // chunks (0, 1), (2, 3), ..., so every warp instruction reads whole 32-byte sectors, and a
-    // thread looks up one page per row and tile.
+    // Q: two threads per row (rows r and r + 64), thread pair (2r, 2r + 1) copying the row's 16-byte
+    // chunks (0, 1), (2, 3), ..., so every warp instruction reads whole 32-byte sectors.
     const int row_lo = tid >> 1;
     const int odd = tid & 1;
     auto copy_row = [&](uint32_t dst, int row, const __nv_bfloat16* src, bool valid) {
@@ -452,55 +474,58 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     }
     mbarrier_arrive_on_copies(q_full);
 
+    // One warp issues K and V tiles as boxes of box_rows keys (within one page) and 64 dims: lane b
+    // the 2 boxes of the tile's b-th row group if b % 2 is this CTA's rank (the partner issues the
+    // others), each multicast into both CTAs; lane 0 first tells its barrier the whole tile's bytes.
+    // Boxes wholly at or past kv_end are not issued; their rows keep whatever the slot held.
+    if (tid >= 32) {
+      copy_async_wait<0>();
+      cluster_sync();  // the partner's last arrivals have reached this CTA's barriers before it exits
+      return;
+    }
     const int32_t* ids = p.page_ids + p.list_offsets[seq * p.num_kv_heads + kv_head];
-    const size_t page_elems = static_cast<size_t>(2) * ps * D;
-    // The page ids of this thread's two rows of tile t (0 past kv_end), fetched a tile ahead of
-    // their copies so no copy waits on a dependent load.
-    auto row_ids = [&](int t, int32_t (&id)[2]) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int key = t * wg::kKeys + row_lo + 64 * half;
-        id[half] = key < kv_end ? ids[__umulhi(static_cast<uint32_t>(key), page_magic)] : 0;
-      }
+    const int lane = tid;
+    const int boxes = wg::kKeys / box_rows;
+    // The page id of this lane's row group of tile t, fetched a tile ahead of its boxes.
+    auto box_id = [&](int t) {
+      const int key = t * wg::kKeys + lane * box_rows;
+      return lane < boxes && key < kv_end ? ids[__umulhi(static_cast<uint32_t>(key), page_magic)] : 0;
     };
-    // K (part 0) or V (part 1) of tile t; keys at or past kv_end are zero-filled.
-    auto copy_part = [&](int t, uint32_t dst, int part, const int32_t (&id)[2]) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row_lo + 64 * half;
-        const int key = t * wg::kKeys + row;
-        const bool valid = key < kv_end;
+    // K (part 0) or V (part 1) of tile t into dst.
+    auto issue_part = [&](int t, uint32_t dst, int part, int32_t id, uint32_t bar) {
+      const int key0 = t * wg::kKeys;
+      const int used = min(boxes, (kv_end - key0 + box_rows - 1) / box_rows);
+      if (lane == 0) mbarrier_arrive_expect_tx(bar, static_cast<uint32_t>(used * box_rows * 256));
+      __syncwarp();
+      if (lane < used && (lane & 1) == static_cast<int>(rank)) {
+        const int key = key0 + lane * box_rows;
         const int page = static_cast<int>(__umulhi(static_cast<uint32_t>(key), page_magic));
-        const __nv_bfloat16* src = p.kv_pool;
-        if (valid) src += static_cast<size_t>(id[half]) * page_elems + static_cast<size_t>(part * ps + key - page * ps) * D + odd * 8;
-        copy_row(dst, row, src, valid);
+        const int row = (id * 2 + part) * ps + key - page * ps;
+        const uint32_t at = dst + static_cast<uint32_t>(lane * box_rows * 128);
+        tma_load_2d_multicast(at, &kv_map, 0, row, bar, 3);
+        tma_load_2d_multicast(at + wg::kKeys * 128, &kv_map, 64, row, bar, 3);
       }
     };
     // Tile t's K goes out before tile t - 1's V: the products of one step read S of tile t and
     // P V of tile t - 1.
-    int32_t id_prev[2] = {0, 0}, id_cur[2], id_next[2] = {0, 0};
-    row_ids(0, id_cur);
+    int32_t id_prev = 0, id_cur = box_id(0), id_next = 0;
     for (int t = 0; t <= n_tiles; ++t) {
-      if (t + 1 < n_tiles) row_ids(t + 1, id_next);
+      if (t + 1 < n_tiles) id_next = box_id(t + 1);
       if (t < n_tiles) {
         const int slot = t % wg::kStages;
         mbarrier_wait(k_empty(slot), ((t / wg::kStages) & 1) ^ 1);
-        copy_part(t, s_k + slot * wg::kTileBytes, 0, id_cur);
-        mbarrier_arrive_on_copies(k_full(slot));
+        issue_part(t, s_k + slot * wg::kTileBytes, 0, id_cur, k_full(slot));
       }
       if (t > 0) {
         const int slot = (t - 1) % wg::kStages;
         mbarrier_wait(v_empty(slot), (((t - 1) / wg::kStages) & 1) ^ 1);
-        copy_part(t - 1, s_v + slot * wg::kTileBytes, 1, id_prev);
-        mbarrier_arrive_on_copies(v_full(slot));
+        issue_part(t - 1, s_v + slot * wg::kTileBytes, 1, id_prev, v_full(slot));
       }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        id_prev[half] = id_cur[half];
-        id_cur[half] = id_next[half];
-      }
+      id_prev = id_cur;
+      id_cur = id_next;
     }
     copy_async_wait<0>();
+    cluster_sync();
     return;
   }
 
@@ -636,20 +661,26 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   auto schedule_boundary = [&] {
     if (p.num_seqs < 0) asm volatile("exit;");
   };
-  // Waits for the use-th filling of a ring buffer. cp.async writes through the generic proxy and wgmma
-  // reads through the async one, hence the proxy fence after the waits.
+  // Waits for the use-th filling of a ring slot. Q comes by cp.async, which writes through the
+  // generic proxy while wgmma reads through the async one, hence the proxy fence after the waits.
   auto wait_full = [&](uint32_t bar, int use) { mbarrier_wait(bar, (use / wg::kStages) & 1); };
+  // A slot is free once both CTAs' products have read it (the partner's boxes land here too): one
+  // arrival per warp on each CTA's barrier.
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane < 2) mbarrier_arrive_cluster(bar, lane);
+  };
 
   // Software pipeline over KV tiles: while the tensor cores run S of tile j + 1 and O += P V of
   // tile j, the warpgroup computes the softmax of tile j + 1; only O's rescale and P's packing wait
-  // for the products. Each buffer is released as soon as the products that read it have finished.
+  // for the products. Each slot is released as soon as the products that read it have finished.
   float alpha[2];
   wait_full(q_full, 0);
   wait_full(k_full(0), 0);
   fence_proxy_async_shared();
   issue_s(0);
   wgmma_wait<0>();
-  mbarrier_arrive(k_empty(0));
+  release(k_empty(0));
   softmax(0, alpha);
   for (int j = 0; j + 1 < n_tiles; ++j) {
     const int k_slot = (j + 1) % wg::kStages, v_slot = j % wg::kStages;
@@ -661,19 +692,33 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     issue_s(k_slot);
     issue_pv(v_slot);
     wgmma_wait<1>();  // S of tile j + 1 (P V of tile j may still run)
-    mbarrier_arrive(k_empty(k_slot));
+    release(k_empty(k_slot));
     softmax(j + 1, alpha);
     schedule_boundary();  // else the wait below moves above the softmax, which then waits for P V
     wgmma_wait<0>();
-    mbarrier_arrive(v_empty(v_slot));
+    release(v_empty(v_slot));
   }
   pack_p();
   rescale_o(alpha);
   wait_full(v_full((n_tiles - 1) % wg::kStages), n_tiles - 1);
-  fence_proxy_async_shared();
+  {
+    // V rows at or past kv_end hold what their page or an earlier tile left (maybe NaN); their
+    // probabilities are 0, but 0 x NaN is NaN. Each warpgroup zeroes them (the same zeros), then
+    // meets its own warps on a named barrier before its products read them. K rows there need
+    // nothing: the causal mask replaces their scores.
+    const uint32_t v_last = s_v + ((n_tiles - 1) % wg::kStages) * wg::kTileBytes;
+    const int first_row = kv_end - (n_tiles - 1) * wg::kKeys;
+    for (int i = first_row * 16 + (mtid & 127); i < wg::kKeys * 16; i += 128) {
+      const int row = i >> 4, chunk = i & 15;
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v_last + wg::offset(row, chunk)), "r"(0) : "memory");
+    }
+    fence_proxy_async_shared();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + (warp >> 2)) : "memory");
+  }
   issue_pv((n_tiles - 1) % wg::kStages);
   wgmma_wait<0>();
   wgmma_fence_operand(o);
+  cluster_sync();  // this CTA's last arrivals on the partner's barriers are in before either exits
 
   if (!group_active) return;
 #pragma unroll
@@ -733,18 +778,59 @@ cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t
   return cudaGetLastError();
 }
 
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link-time libcuda), or null.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
+                       cudaSuccess &&
+                   found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
+               : nullptr;
+  }();
+  return fn;
+}
+
 cudaError_t launch_wgmma(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream) {
   const cudaError_t smem_status = per_device<cudaError_t>([] {
     return cudaFuncSetAttribute(paged_prefill_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 wg::kSmemBytes);
   });
   if (smem_status != cudaSuccess) return smem_status;
+  // The pool as rows of head_dim keys or values: boxes of 64 dims (the 128-byte swizzle's width)
+  // and the largest power-of-two row count that divides the page size (a box never crosses a
+  // page). The row count's bound is only what TMA checks coordinates against.
+  int box_rows = 8;
+  while (box_rows < 64 && p.page_size % (2 * box_rows) == 0) box_rows *= 2;
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return cudaErrorNotSupported;
+  CUtensorMap kv_map{};
+  const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(INT32_MAX)};
+  const cuuint64_t strides[1] = {256};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  if (encode(&kv_map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<__nv_bfloat16*>(p.kv_pool), dims, strides, box,
+             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
   const int64_t q_row_stride = p.q_row_stride > 0 ? p.q_row_stride : static_cast<int64_t>(p.num_kv_heads) * p.group * 128;
   const uint32_t page_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + p.page_size - 1) / p.page_size);
   const int tile_tokens = wg::kRows / p.group;
-  const dim3 grid((p.max_new_tokens + tile_tokens - 1) / tile_tokens, p.num_seqs, p.num_kv_heads);
-  paged_prefill_wgmma_kernel<<<grid, wg::kThreads, wg::kSmemBytes, stream>>>(p, q_row_stride, page_magic, out);
-  return cudaGetLastError();
+  const int query_tiles = (p.max_new_tokens + tile_tokens - 1) / tile_tokens;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3((query_tiles + 1) & ~1, p.num_seqs, p.num_kv_heads);  // whole clusters of 2
+  config.blockDim = dim3(wg::kThreads);
+  config.dynamicSmemBytes = wg::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, paged_prefill_wgmma_kernel, p, q_row_stride, page_magic, out, kv_map, box_rows);
 }
 
 }  // namespace
@@ -756,7 +842,7 @@ bool prefill_wgmma_available() {
     return cudaGetDevice(&device) == cudaSuccess &&
            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
-           minor == 0;
+           minor == 0 && tensor_map_encoder() != nullptr;
   });
 #else
   return false;

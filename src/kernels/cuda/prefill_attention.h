@@ -30,8 +30,9 @@ struct PagedPrefillParams {
   // Work split of a 128-row query tile: -1 the default (2 where it runs, else 0); 0: 4 warps of
   // 32 rows (2 blocks per SM, Q re-read from shared memory every KV tile); 1: 8 warps of 16 rows
   // (1 block per SM, Q in registers); 2: two warpgroups of 64 rows on Hopper's wgmma, fed by a
-  // third that copies (head_dim 128 only; cudaErrorNotSupported where prefill_wgmma_available() is
-  // false). For benchmarks and tuning; all compute the same result.
+  // third that copies (TMA, clusters of 2 blocks sharing K/V; head_dim 128 only;
+  // cudaErrorNotSupported where prefill_wgmma_available() is false). For benchmarks and tuning; all
+  // compute the same result.
   int variant = -1;
 };
 
@@ -40,7 +41,8 @@ struct PagedPrefillParams {
 // kernel cannot check either). q, kv_pool and out must be 16-byte aligned. Returns
 // cudaErrorInvalidValue on unsupported shapes or null pointers, else the launch status; a batch
 // with no tokens launches nothing.
-// Whether variant 2 runs here: spin was built with sm_90a code and the current GPU is sm_90.
+// Whether variant 2 runs here: spin was built with sm_90a code, the current GPU is sm_90 and the
+// driver encodes TMA tensor maps.
 bool prefill_wgmma_available();
 
 cudaError_t paged_prefill_attention(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t stream);

@@ -38,12 +38,38 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // One arrival, made once every cp.async this thread issued before it has landed.
 __device__ __forceinline__ void mbarrier_arrive_on_copies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival that also expects `bytes` more of asynchronous (TMA) writes in the current phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A box of a 2-D tensor map (TMA) into the same shared-memory offset `dst` of every CTA of the
+// cluster in `cta_mask`, each counted on its own barrier at `bar`'s offset as it lands.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tensor_map, int x, int y, uint32_t bar,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], "
+      "[%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(x), "r"(y), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+// One arrival on the barrier at offset `bar` of CTA `cta` of the cluster (this one included).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(cta));
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// Every non-exited thread of the cluster meets here (barrier.cluster); orders shared memory.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
 }
 // Returns once the phase of parity `parity` has completed. A fresh barrier is in phase 0, so
 // waiting on parity 1 returns at once (the "previous" phase counts as complete).
