@@ -240,7 +240,7 @@ TEST_F(GpuPrefillAttention, MixedBatchGroupsHeadDimsPageSizes) {
   int n = 0;
   for (int d : {64, 128})
     for (int group : {1, 3, 4, 5, 8})
-      for (int ps : {16, 24, 64}) {  // 24: pages straddle the 128-key tiles
+      for (int ps : {16, 24, 32, 48, 64}) {  // 24, 48: pages straddle the 128-key tiles
         Case c{2, group, d, ps, mixed_batch()};
         c.q_row_pad = (n++ % 2) * 8 * (1 + group);  // every other case: strided q rows
         run(c);

@@ -661,8 +661,8 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   auto schedule_boundary = [&] {
     if (p.num_seqs < 0) asm volatile("exit;");
   };
-  // Waits for the use-th filling of a ring slot. Q comes by cp.async, which writes through the
-  // generic proxy while wgmma reads through the async one, hence the proxy fence after the waits.
+  // Waits for the use-th filling of a ring slot. K and V come by TMA (the async proxy, as wgmma reads);
+  // Q by cp.async, through the generic proxy, hence the proxy fence after its wait.
   auto wait_full = [&](uint32_t bar, int use) { mbarrier_wait(bar, (use / wg::kStages) & 1); };
   // A slot is free once both CTAs' products have read it (the partner's boxes land here too): one
   // arrival per warp on each CTA's barrier.
@@ -688,7 +688,6 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     rescale_o(alpha);
     wait_full(k_full(k_slot), j + 1);
     wait_full(v_full(v_slot), j);
-    fence_proxy_async_shared();
     issue_s(k_slot);
     issue_pv(v_slot);
     wgmma_wait<1>();  // S of tile j + 1 (P V of tile j may still run)
@@ -703,17 +702,17 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   wait_full(v_full((n_tiles - 1) % wg::kStages), n_tiles - 1);
   {
     // V rows at or past kv_end hold what their page or an earlier tile left (maybe NaN); their
-    // probabilities are 0, but 0 x NaN is NaN. Each warpgroup zeroes them (the same zeros), then
-    // meets its own warps on a named barrier before its products read them. K rows there need
-    // nothing: the causal mask replaces their scores.
+    // probabilities are 0, but 0 x NaN is NaN. The multiplying threads zero them, then meet on a
+    // named barrier before either warpgroup's products read them. K rows there need nothing: the
+    // causal mask replaces their scores.
     const uint32_t v_last = s_v + ((n_tiles - 1) % wg::kStages) * wg::kTileBytes;
     const int first_row = kv_end - (n_tiles - 1) * wg::kKeys;
-    for (int i = first_row * 16 + (mtid & 127); i < wg::kKeys * 16; i += 128) {
+    for (int i = first_row * 16 + mtid; i < wg::kKeys * 16; i += 32 * wg::kMathWarps) {
       const int row = i >> 4, chunk = i & 15;
       asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v_last + wg::offset(row, chunk)), "r"(0) : "memory");
     }
     fence_proxy_async_shared();
-    asm volatile("bar.sync %0, 128;\n" ::"r"(1 + (warp >> 2)) : "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(32 * wg::kMathWarps) : "memory");
   }
   issue_pv((n_tiles - 1) % wg::kStages);
   wgmma_wait<0>();
