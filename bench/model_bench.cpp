@@ -325,6 +325,10 @@ int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
   return 3 + a.decode_tokens * a.repeats + (sparse ? kProfileWarmSteps + kProfileSteps : 0);
 }
 
+// Tokens --compare-sampling appends to a sequence after its context: 2 temperatures x (host, GPU)
+// x (2 untimed steps + the timed ones), with room to spare.
+int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_tokens * (a.repeats + 2); }
+
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load{a.model, a.load_format, 0};
   load.dummy_weights_on_host = false;
@@ -332,15 +336,18 @@ void run_cuda(const BenchArgs& a) {
   const spin::ModelConfig c = loaded.weights.config;
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const bool sparse = a.sparse_algorithm != "dense";
+  const int world = a.tensor_parallel_size;
+  const bool compare_sampling = a.compare_sampling && !sparse && world == 1;
   const int64_t max_context =
       std::max(*std::max_element(a.decode_contexts.begin(), a.decode_contexts.end()),
                *std::max_element(a.prefill_lengths.begin(), a.prefill_lengths.end())) +
-      std::max(a.decode_tokens * (a.repeats + 2), decode_steps_per_sequence(a, sparse)) + 8;
+      std::max({a.decode_tokens * (a.repeats + 2), decode_steps_per_sequence(a, sparse),
+                compare_sampling ? sampling_comparison_steps(a) : int64_t{0}}) +
+      8;
   spin::CudaModelOptions options;
   options.cuda_graphs = a.cuda_graphs;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
   options.max_sequences = max_batch;
-  const int world = a.tensor_parallel_size;
   const auto load_start = clock_type::now();
   // One GPU: a CudaModel; several: the tensor-parallel model over per-rank CudaModels. `ranks`
   // are the CudaModels either way (weight bytes and statistics per GPU).
@@ -555,7 +562,7 @@ void run_cuda(const BenchArgs& a) {
       std::fflush(stdout);
     }
   }
-  if (a.compare_sampling && !sparse && world == 1) {
+  if (compare_sampling) {
     // The same decode steps with the next tokens drawn on the host (logits downloaded, the engine's
     // Sampler per row) and on the GPU (forward_sampled: token ids downloaded).
     std::printf("\nDrawing the next tokens (decode, context %lld, medians of %d x %lld steps): ms per step\n\n",
@@ -564,7 +571,7 @@ void run_cuda(const BenchArgs& a) {
     std::printf("|---|---|---|---|---|---|---|\n");
     for (int64_t batch : a.batches) {
       const int64_t context = a.decode_contexts.front();
-      const int64_t capacity = context + 4 * a.decode_tokens * (a.repeats + 2) + 8;
+      const int64_t capacity = context + sampling_comparison_steps(a) + 8;
       std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(create_kv(capacity));
