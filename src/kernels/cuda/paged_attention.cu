@@ -589,25 +589,35 @@ Copy load_path(const PagedDecodeParams& p) {
 
 SplitPolicy split_policy(const PagedDecodeParams& p) {
   SplitPolicy policy;
-  int device = 0;
-  policy.sms = 132;
-  if (cudaGetDevice(&device) == cudaSuccess)
-    cudaDeviceGetAttribute(&policy.sms, cudaDevAttrMultiProcessorCount, device);
+  policy.sms = per_device<int>([] {
+    int device = 0, sms = 132;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return sms;
+  });
   policy.wave = policy.sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
   policy.items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads));
   return policy;
 }
 
-// Tokens per split that size the grid: the caller's, else the policy at max_tokens.
-int64_t grid_split_tokens(const PagedDecodeParams& p) {
-  return p.tokens_per_split > 0 ? p.tokens_per_split : split_policy(p).split_tokens(p.max_tokens);
+// Splits per item of the grid: max_tokens at the caller's split size, else at the policy's.
+int grid_splits(const PagedDecodeParams& p, const SplitPolicy& policy) {
+  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.split_tokens(p.max_tokens);
+  return static_cast<int>(std::max<int64_t>(1, (p.max_tokens + tps - 1) / tps));
+}
+
+// Workspace bytes of a grid with `splits` per item (none with one split).
+size_t workspace_bytes_for(const PagedDecodeParams& p, int splits) {
+  if (splits == 1) return 0;
+  const size_t slots = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * splits * p.group;
+  return slots * (static_cast<size_t>(p.head_dim) * sizeof(float) + sizeof(float2));
 }
 
 template <int D, typename OutT>
 cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) {
-  const int splits = paged_decode_splits(p);
-  if (workspace_bytes < paged_decode_workspace_bytes(p)) return cudaErrorInvalidValue;
+  const SplitPolicy policy = split_policy(p);
+  const int splits = grid_splits(p, policy);
+  if (workspace_bytes < workspace_bytes_for(p, splits)) return cudaErrorInvalidValue;
   const int items = p.num_seqs * p.num_kv_heads;
   if (items == 0) return cudaSuccess;
   if (splits > kMaxSplits) return cudaErrorInvalidValue;
@@ -615,7 +625,6 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   float* ws_out = splits > 1 ? static_cast<float*>(workspace) : nullptr;
   float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
   if (blocks_per_sm<D>() == 0) return cudaErrorInvalidConfiguration;  // also sets the smem limit
-  const SplitPolicy policy = split_policy(p);
   const dim3 grid(items, splits);
   switch (load_path(p)) {
     case Copy::kThread16:
@@ -667,23 +676,15 @@ cudaError_t dispatch(const PagedDecodeParams& p, OutT* out, void* workspace,
 
 int paged_decode_item_splits(const PagedDecodeParams& p, int n_tok) {
   if (!valid_shape(p) || n_tok < 0) return 1;
-  const int grid = paged_decode_splits(p);
-  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : split_policy(p).item_split_tokens(n_tok, grid);
+  const SplitPolicy policy = split_policy(p);
+  const int grid = grid_splits(p, policy);
+  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.item_split_tokens(n_tok, grid);
   return static_cast<int>(splits_used<int64_t>(n_tok, tps, grid));
 }
 
-int paged_decode_splits(const PagedDecodeParams& p) {
-  if (!valid_shape(p)) return 1;
-  const int64_t tps = grid_split_tokens(p);
-  return static_cast<int>(std::max<int64_t>(1, (p.max_tokens + tps - 1) / tps));
-}
+int paged_decode_splits(const PagedDecodeParams& p) { return valid_shape(p) ? grid_splits(p, split_policy(p)) : 1; }
 
-size_t paged_decode_workspace_bytes(const PagedDecodeParams& p) {
-  const int splits = paged_decode_splits(p);
-  if (splits == 1) return 0;
-  const size_t slots = static_cast<size_t>(p.num_seqs) * p.num_kv_heads * splits * p.group;
-  return slots * (static_cast<size_t>(p.head_dim) * sizeof(float) + sizeof(float2));
-}
+size_t paged_decode_workspace_bytes(const PagedDecodeParams& p) { return workspace_bytes_for(p, paged_decode_splits(p)); }
 
 cudaError_t paged_decode_attention(const PagedDecodeParams& p, __nv_bfloat16* out,
                                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {

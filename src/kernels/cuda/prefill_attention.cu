@@ -84,9 +84,9 @@ __device__ __forceinline__ uint32_t swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * (D * 2) + ((chunk ^ (row & 7)) << 4));
 }
 
-// The query tile of this block (both kernels): rows r of 128 are token t0 + r / group of sequence
-// blockIdx.y, query head r % group of KV head blockIdx.z. The latest tiles (the most keys) run
-// first, so the short ones fill the tail. False when the sequence has no tile blockIdx.x.
+// Query tile tile_x of this block's sequence (both kernels): rows r of 128 are token t0 + r / group
+// of sequence blockIdx.y, query head r % group of KV head blockIdx.z. The latest tiles (the most
+// keys) come first, so the short ones fill the tail. False when the sequence has no tile tile_x.
 struct QueryTile {
   int tok_begin;  // the sequence's first q row
   int t0;         // the tile's first token, from tok_begin
@@ -94,9 +94,8 @@ struct QueryTile {
   int pos0;       // position of token t0
   int kv_end;     // keys [0, kv_end) are read
 };
-__device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows, QueryTile& t, int tile_x = -1) {
+__device__ __forceinline__ bool query_tile(const PagedPrefillParams& p, int rows, int tile_x, QueryTile& t) {
   const int seq = blockIdx.y;
-  if (tile_x < 0) tile_x = static_cast<int>(blockIdx.x);
   t.tok_begin = p.token_offsets[seq];
   const int n_new = p.token_offsets[seq + 1] - t.tok_begin;
   const int tile_tokens = rows / p.group;
@@ -129,7 +128,7 @@ __global__ void __launch_bounds__(Config<D, kWarps, kRowFrags>::kThreads,
   using C = Config<D, kWarps, kRowFrags>;
   constexpr int MF = kRowFrags;
   QueryTile tile;
-  if (!query_tile(p, kRows, tile)) return;
+  if (!query_tile(p, kRows, static_cast<int>(blockIdx.x), tile)) return;
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
   const int group = p.group;
@@ -401,7 +400,7 @@ constexpr int kMathRegisters = 232;  // (65536 - 128 x 40) / 256, rounded down t
 constexpr int kStages = 3;
 constexpr int kTileBytes = kKeys * kD * 2;                         // 32 KB: K or V, or Q (128 rows)
 constexpr int kSmemBytes = (1 + 2 * kStages) * kTileBytes + 1024;  // Q, K and V rings, alignment slack
-constexpr int kMathWarps = 8;
+constexpr int kMathWarps = (kThreads - kCopyThreads) / 32;
 // Byte offset of 16-byte chunk `chunk` (0..15) of row `row` in a 128-row swizzled tile.
 __device__ __forceinline__ uint32_t offset(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
@@ -414,11 +413,11 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int D = wg::kD;
   QueryTile tile;
-  const bool own = query_tile(p, wg::kRows, tile);
+  const bool own = query_tile(p, wg::kRows, static_cast<int>(blockIdx.x), tile);
   // The cluster's CTAs (blockIdx.x 2c and 2c + 1) walk the keys of the longer of their two tiles.
   // A CTA without a tile of its own walks its partner's with no rows (it stores nothing).
   QueryTile other;
-  const bool partner = query_tile(p, wg::kRows, other, static_cast<int>(blockIdx.x ^ 1));
+  const bool partner = query_tile(p, wg::kRows, static_cast<int>(blockIdx.x ^ 1), other);
   if (!own && !partner) return;
   if (!own) {
     tile = other;
@@ -461,16 +460,14 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     // chunks (0, 1), (2, 3), ..., so every warp instruction reads whole 32-byte sectors.
     const int row_lo = tid >> 1;
     const int odd = tid & 1;
-    auto copy_row = [&](uint32_t dst, int row, const __nv_bfloat16* src, bool valid) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) copy_async(dst + wg::offset(row, odd + 2 * i), src + 16 * i, valid ? 16 : 0);
-    };
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = row_lo + 64 * half;
       bool valid;
       const __nv_bfloat16* src = q_row_start<D>(p, tile, q_row_stride, kv_head, row, valid);
-      copy_row(s_q, row, valid ? src + odd * 8 : src, valid);
+      if (valid) src += odd * 8;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) copy_async(s_q + wg::offset(row, odd + 2 * i), src + 16 * i, valid ? 16 : 0);
     }
     mbarrier_arrive_on_copies(q_full);
 
@@ -662,7 +659,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
     if (p.num_seqs < 0) asm volatile("exit;");
   };
   // Waits for the use-th filling of a ring slot. K and V come by TMA (the async proxy, as wgmma reads);
-  // Q by cp.async, through the generic proxy, hence the proxy fence after its wait.
+  // Q by cp.async, through the generic proxy, hence the proxy fence after Q's wait below.
   auto wait_full = [&](uint32_t bar, int use) { mbarrier_wait(bar, (use / wg::kStages) & 1); };
   // A slot is free once both CTAs' products have read it (the partner's boxes land here too): one
   // arrival per warp on each CTA's barrier.
@@ -675,7 +672,7 @@ __global__ void __launch_bounds__(wg::kThreads, 1)
   // tile j, the warpgroup computes the softmax of tile j + 1; only O's rescale and P's packing wait
   // for the products. Each slot is released as soon as the products that read it have finished.
   float alpha[2];
-  wait_full(q_full, 0);
+  mbarrier_wait(q_full, 0);
   wait_full(k_full(0), 0);
   fence_proxy_async_shared();
   issue_s(0);
