@@ -359,6 +359,26 @@ void bench_sparse(cudaStream_t stream, std::mt19937& rng) {
            run_attention(stream, pool, ws, 0, path).time_us, bytes);
     free_workload(ws);
     free_workload(wd);
+    if (batch == 32) {
+      cudaFree(pool);
+      continue;
+    }
+    // A Quest-sized list (512 selected + sink and window, 40 pages) at each split size: at small
+    // batches such lists are cut into many splits and merged.
+    const int short_pages = 40;
+    std::vector<std::vector<std::vector<int32_t>>> short_lists(copies, std::vector<std::vector<int32_t>>(items));
+    for (int c = 0; c < copies; ++c)
+      for (int i = 0; i < items; ++i)
+        short_lists[c][i].assign(sparse[c][i].begin(), sparse[c][i].begin() + short_pages);
+    Workload wshort = make_workload(batch, kv_heads, group, short_pages * page, copies, short_lists);
+    const double short_bytes = static_cast<double>(items) * short_pages * page_bytes + 2.0 * items * group * d * 2;
+    std::snprintf(config, sizeof config, "hq40/hkv8 B%d 640-of-128K", batch);
+    for (int split : {0, 64, 128, 192, 320, 640}) {
+      const AttentionRun run = run_attention(stream, pool, wshort, split);
+      emit("sparse", config, "split " + std::to_string(split) + " (" + std::to_string(run.splits) + ")",
+           run.time_us, short_bytes);
+    }
+    free_workload(wshort);
     cudaFree(pool);
   }
 }

@@ -344,18 +344,25 @@ TEST_F(GpuModelOps, StoreKvPagesScattersToSlotsOnly) {
                     page + (int64_t{c.page_size} + slot_of[t]) * c.head_dim);
       }
     }
-    DeviceArray<uint16_t> d_qkv(qkv), d_pool(expect.size());
+    // The first q_rows tokens' q heads, packed without the row stride; one row more stays poisoned.
+    const int64_t q_rows = c.n_tokens / 2 + 1;
+    std::vector<uint16_t> expect_q((q_rows + 1) * q_width, 0xffff);
+    for (int64_t t = 0; t < q_rows; ++t)
+      std::copy_n(&qkv[t * row_stride], q_width, &expect_q[t * q_width]);
+    DeviceArray<uint16_t> d_qkv(qkv), d_pool(expect.size()), d_q(expect_q.size());
     DeviceArray<int32_t> d_page(page_of), d_slot(slot_of);
     CUDA_OK(d_qkv.status());
     CUDA_OK(d_pool.status());  // poisoned with 0xFF by construction
+    CUDA_OK(d_q.status());
     CUDA_OK(d_page.status());
     CUDA_OK(d_slot.status());
     CUDA_OK(cuda::store_kv_pages_bf16(bf16_ptr(d_qkv), row_stride, q_width, d_page.get(),
                                       d_slot.get(), c.n_tokens, c.n_kv_heads, c.head_dim,
-                                      c.page_size, bf16_ptr(d_pool), nullptr));
+                                      c.page_size, bf16_ptr(d_pool), nullptr,
+                                      cuda::QueryCopy{bf16_ptr(d_q), q_rows}));
     CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<uint16_t> got = d_pool.download();
-    EXPECT_TRUE(got == expect);
+    EXPECT_TRUE(d_pool.download() == expect);
+    EXPECT_TRUE(d_q.download() == expect_q);
   }
 }
 
@@ -372,6 +379,9 @@ TEST_F(GpuModelOps, RejectsBadShapes) {
   EXPECT_EQ(cuda::store_kv_pages_bf16(nullptr, 10, 8, nullptr, nullptr, 1, 1, 4, 16, nullptr,
                                       nullptr),
             cudaErrorInvalidValue);  // row_stride < q_width + 2 * kv_width
+  EXPECT_EQ(cuda::store_kv_pages_bf16(nullptr, 16, 8, nullptr, nullptr, 1, 1, 4, 16, nullptr, nullptr,
+                                      cuda::QueryCopy{nullptr, 2}),
+            cudaErrorInvalidValue);  // more q rows than tokens
   EXPECT_EQ(cuda::silu_mul_bf16(nullptr, 1, 0, nullptr, nullptr), cudaErrorInvalidValue);
 }
 

@@ -29,6 +29,13 @@ using Rng = std::mt19937_64;
 constexpr unsigned char kPoolPoison = 0xA5;  // device pool bytes no page was copied to
 constexpr int32_t kOutPoison = -7;           // out_pages entries outside every item's range
 
+// Thread block clusters (a fetch over several blocks per item) need sm_90.
+bool sm90() {
+  int device = 0, major = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+}
+
 struct TraceShape {
   int page_size;
   int head_dim;
@@ -363,6 +370,11 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       p.out_offsets = d_out_offsets.get();
       p.counters = d_counters.get();
       p.error = d_error.get();
+      // Every fetch split: the launch's choice, one block per item, clusters of 2, 4 and 8 (sm_90).
+      constexpr int kBlocksPerItem[] = {0, 1, 2, 4, 8};
+      p.blocks_per_item = kBlocksPerItem[(step * layers + layer) % 5];
+      if (p.blocks_per_item > 1 && !sm90()) p.blocks_per_item = 1;
+      SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item));
       CUDA_OK(cuda::retrieve_cached_pages(p, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
 
@@ -526,6 +538,9 @@ TEST_F(GpuPageCache, RejectsBadParams) {
       {"null error", [](auto& p) { p.error = nullptr; }},
       {"host pool misaligned", [](auto& p) { p.host_pool += 1; }},
       {"device pool misaligned", [](auto& p) { p.device_pool += 4; }},
+      {"3 blocks per item", [](auto& p) { p.blocks_per_item = 3; }},
+      {"16 blocks per item", [](auto& p) { p.blocks_per_item = 16; }},
+      {"negative blocks per item", [](auto& p) { p.blocks_per_item = -1; }},
   };
   for (const auto& [name, mutate] : breaks) {
     cuda::PageCacheParams p = valid;

@@ -385,6 +385,21 @@ TEST_F(GpuSelectTop, ExactTopKInPageOrder) {
   for (int round = 0; round < 3; ++round) check(first, end, nkv, max_candidates, counts);
 }
 
+TEST_F(GpuSelectTop, ExactTopKForEveryHeldKeyCount) {
+  // Candidate ranges of 1, 2, 4 and 8 keys per thread (held in registers) and past them (read
+  // from memory on every pass).
+  for (const int max_candidates :
+       {uniform(3, 512), uniform(513, 1024), uniform(1025, 2048), uniform(2049, 4095), 4096, 4097, 8192}) {
+    SCOPED_TRACE("max_candidates " + std::to_string(max_candidates));
+    const std::vector<int32_t> first = {0, 3};
+    const std::vector<int32_t> end = {max_candidates, 3 + uniform(0, max_candidates - 3)};
+    const int nkv = 3;
+    std::vector<int32_t> counts(first.size() * nkv, -1);
+    counts[1] = std::max(0, end[0] - first[0] - 1);  // all but one
+    for (int round = 0; round < 2; ++round) check(first, end, nkv, max_candidates, counts);
+  }
+}
+
 TEST_F(GpuSelectTop, KNearCountAndAllTies) {
   // One value for every candidate (all ties), and NaN-only rows: the lowest pages win.
   for (float fill : {1.5f, std::numeric_limits<float>::quiet_NaN()}) {

@@ -2038,9 +2038,10 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
   bf16* pool = pool_.get() + layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
   const int head_dim = static_cast<int>(shape_.head_dim);
+  // The decode kernels read q as [rows][heads][head_dim] without a row stride: the store packs it.
   cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, dense_layer ? step_.low_page_of : step_.page_of,
                                        step_.slot_of, step_.rows, heads, head_dim, static_cast<int>(page_size_), pool,
-                                       stream),
+                                       stream, cuda::QueryCopy{decode_q_.get(), step_.decode_rows}),
              "KV store");
   if (step_.sparse_rows && !dense_layer) {  // write-through to the host tier
     cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, step_.host_page_of, step_.slot_of, step_.rows,
@@ -2049,11 +2050,6 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
                "KV host-tier write");
   }
   if (step_.decode_rows > 0) {
-    // The decode kernel reads q as [rows][heads][head_dim] without a row stride.
-    const size_t q_bytes = static_cast<size_t>(q_width_) * sizeof(bf16);
-    cuda_check(cudaMemcpy2DAsync(decode_q_.get(), q_bytes, qkv, static_cast<size_t>(row_stride) * sizeof(bf16),
-                                 q_bytes, static_cast<size_t>(step_.decode_rows), cudaMemcpyDeviceToDevice, stream),
-               "decode query copy");
     const int decode_rows = static_cast<int>(step_.decode_rows);
     const bool profiled = !profile_counts_.empty() && step_.sparse_decode && !dense_layer;
     cudaEvent_t* events = profiled ? profile_events_.data() + kProfileEvents * (layer - dense_layers_) : nullptr;

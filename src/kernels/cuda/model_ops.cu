@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/bf16x8.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace spin::cuda {
 
@@ -33,6 +34,7 @@ template <typename Unit>
 __global__ void __launch_bounds__(kCopyThreads)
     copy_rows_kernel(const Unit* __restrict__ src, const int32_t* __restrict__ rows, int64_t n_rows,
                      int64_t units_per_row, Unit* __restrict__ out) {
+  enter_dependent_grid();
   for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
     const Unit* from = src + static_cast<int64_t>(rows[r]) * units_per_row;
     Unit* to = out + r * units_per_row;
@@ -48,15 +50,15 @@ cudaError_t copy_rows(const bf16* src, const int32_t* rows, int64_t n_rows, int6
   const int64_t row_bytes = width * 2;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(n_rows, int64_t{1} << 20));
   if (row_bytes % 16 == 0 && aligned(src, 16) && aligned(out, 16)) {
-    copy_rows_kernel<<<blocks, kCopyThreads, 0, stream>>>(reinterpret_cast<const uint4*>(src), rows,
+    launch(copy_rows_kernel<uint4>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint4*>(src), rows,
                                                           n_rows, row_bytes / 16,
                                                           reinterpret_cast<uint4*>(out));
   } else if (row_bytes % 4 == 0 && aligned(src, 4) && aligned(out, 4)) {
-    copy_rows_kernel<<<blocks, kCopyThreads, 0, stream>>>(reinterpret_cast<const uint32_t*>(src),
+    launch(copy_rows_kernel<uint32_t>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint32_t*>(src),
                                                           rows, n_rows, row_bytes / 4,
                                                           reinterpret_cast<uint32_t*>(out));
   } else {
-    copy_rows_kernel<<<blocks, kCopyThreads, 0, stream>>>(reinterpret_cast<const uint16_t*>(src),
+    launch(copy_rows_kernel<uint16_t>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint16_t*>(src),
                                                           rows, n_rows, width,
                                                           reinterpret_cast<uint16_t*>(out));
   }
@@ -83,6 +85,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // warp's loads of one pair member are 32 consecutive (neox) or every-other (interleaved) bf16, so
 // they coalesce.
 __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams p) {
+  enter_dependent_grid();
   __shared__ float cos_table[kMaxHeadDim / 2];
   __shared__ float sin_table[kMaxHeadDim / 2];
   const int half = p.head_dim / 2;
@@ -157,15 +160,23 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
 constexpr int kStoreThreads = 256;
 
 // Work item (token, kv head, K or V, unit): consecutive threads copy consecutive units of one
-// head row, so both the read of the qkv row and the write of the page slot are contiguous.
-// Index is 32-bit when the work fits (its divisions are much cheaper than 64-bit ones).
+// head row, so both the read of the qkv row and the write of the page slot are contiguous. Items
+// from `total` on copy q units of the first q rows into q_out. Index is 32-bit when the work fits
+// (its divisions are much cheaper than 64-bit ones).
 template <typename Unit, typename Index>
 __global__ void __launch_bounds__(kStoreThreads)
-    store_kv_pages_kernel(const Unit* __restrict__ qkv, int64_t row_units, int64_t q_units,
+    store_kv_pages_kernel(const Unit* __restrict__ qkv, int64_t row_units, Index q_units,
                           const int32_t* __restrict__ page_of, const int32_t* __restrict__ slot_of,
                           Index total, Index n_kv_heads, Index head_units, int page_size,
-                          Unit* __restrict__ pool) {
-  for (int64_t i = global_thread(); i < static_cast<int64_t>(total); i += grid_threads()) {
+                          Unit* __restrict__ pool, Unit* __restrict__ q_out, Index q_total) {
+  enter_dependent_grid();
+  for (int64_t i = global_thread(); i < static_cast<int64_t>(total) + q_total; i += grid_threads()) {
+    if (i >= static_cast<int64_t>(total)) {
+      const Index j = static_cast<Index>(i - static_cast<int64_t>(total));
+      const Index t = j / q_units;
+      q_out[j] = qkv[static_cast<int64_t>(t) * row_units + (j - t * q_units)];
+      continue;
+    }
     const Index idx = static_cast<Index>(i);
     const Index unit = idx % head_units;
     Index rest = idx / head_units;
@@ -185,16 +196,18 @@ __global__ void __launch_bounds__(kStoreThreads)
 template <typename Unit>
 void launch_store_kv(const Unit* qkv, int64_t row_units, int64_t q_units, const int32_t* page_of,
                      const int32_t* slot_of, int64_t n_tokens, int n_kv_heads, int64_t head_units,
-                     int page_size, Unit* pool, cudaStream_t stream) {
+                     int page_size, Unit* pool, Unit* q_out, int64_t q_rows, cudaStream_t stream) {
   const int64_t total = n_tokens * n_kv_heads * 2 * head_units;
-  const unsigned blocks = grid_for(total, kStoreThreads);
-  if (total <= UINT32_MAX) {
-    store_kv_pages_kernel<Unit, uint32_t><<<blocks, kStoreThreads, 0, stream>>>(
-        qkv, row_units, q_units, page_of, slot_of, static_cast<uint32_t>(total),
-        static_cast<uint32_t>(n_kv_heads), static_cast<uint32_t>(head_units), page_size, pool);
+  const int64_t q_total = q_out ? q_rows * q_units : 0;
+  const unsigned blocks = grid_for(total + q_total, kStoreThreads);
+  if (total + q_total <= UINT32_MAX) {
+    launch(store_kv_pages_kernel<Unit, uint32_t>, blocks, kStoreThreads, 0, stream, qkv, row_units,
+           static_cast<uint32_t>(q_units), page_of, slot_of, static_cast<uint32_t>(total),
+           static_cast<uint32_t>(n_kv_heads), static_cast<uint32_t>(head_units), page_size, pool, q_out,
+           static_cast<uint32_t>(q_total));
   } else {
-    store_kv_pages_kernel<Unit, int64_t><<<blocks, kStoreThreads, 0, stream>>>(
-        qkv, row_units, q_units, page_of, slot_of, total, n_kv_heads, head_units, page_size, pool);
+    launch(store_kv_pages_kernel<Unit, int64_t>, blocks, kStoreThreads, 0, stream, qkv, row_units, q_units,
+           page_of, slot_of, total, int64_t{n_kv_heads}, head_units, page_size, pool, q_out, q_total);
   }
 }
 
@@ -210,6 +223,7 @@ template <typename Index>
 __global__ void __launch_bounds__(kElementwiseThreads)
     silu_mul_vec_kernel(const Bf16x8* __restrict__ gate_up, Index total, Index ffn_units,
                         Bf16x8* __restrict__ out) {
+  enter_dependent_grid();
   for (int64_t i = global_thread(); i < static_cast<int64_t>(total); i += grid_threads()) {
     const Index idx = static_cast<Index>(i);
     const Index t = idx / ffn_units;
@@ -231,6 +245,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 __global__ void __launch_bounds__(kElementwiseThreads)
     silu_mul_kernel(const bf16* __restrict__ gate_up, int64_t n_tokens, int64_t ffn,
                     bf16* __restrict__ out) {
+  enter_dependent_grid();
   const int64_t total = n_tokens * ffn;
   for (int64_t idx = global_thread(); idx < total; idx += grid_threads()) {
     const int64_t t = idx / ffn;
@@ -248,6 +263,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 __global__ void __launch_bounds__(kElementwiseThreads)
     f32_to_bf16_kernel(const float* __restrict__ in, bf16* __restrict__ out, int64_t n,
                        int64_t units) {
+  enter_dependent_grid();
   for (int64_t idx = global_thread(); idx < units; idx += grid_threads()) {
     const float4 a = reinterpret_cast<const float4*>(in)[2 * idx];
     const float4 b = reinterpret_cast<const float4*>(in)[2 * idx + 1];
@@ -265,6 +281,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 __global__ void __launch_bounds__(kElementwiseThreads)
     bf16_to_f32_kernel(const bf16* __restrict__ in, float* __restrict__ out, int64_t n,
                        int64_t units) {
+  enter_dependent_grid();
   for (int64_t idx = global_thread(); idx < units; idx += grid_threads()) {
     const Bf16x8 v = reinterpret_cast<const Bf16x8*>(in)[idx];
     const float2 f0 = __bfloat1622float2(v.pair[0]);
@@ -299,28 +316,30 @@ cudaError_t qk_norm_rope_bf16(const QkRopeParams& p, cudaStream_t stream) {
   if (!p.qkv || !p.positions || !p.inv_freq) return cudaErrorInvalidValue;
   const dim3 blocks(static_cast<unsigned>(std::min<int64_t>(p.n_tokens, int64_t{1} << 20)),
                     static_cast<unsigned>(std::min(65535, (p.n_heads + p.n_kv_heads + kRopeWarps - 1) / kRopeWarps)));
-  qk_norm_rope_kernel<<<blocks, kRopeThreads, 0, stream>>>(p);
+  launch(qk_norm_rope_kernel, blocks, kRopeThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
 cudaError_t store_kv_pages_bf16(const __nv_bfloat16* qkv, int64_t row_stride, int64_t q_width,
                                 const int32_t* page_of, const int32_t* slot_of, int64_t n_tokens,
                                 int n_kv_heads, int head_dim, int page_size,
-                                __nv_bfloat16* kv_pool, cudaStream_t stream) {
+                                __nv_bfloat16* kv_pool, cudaStream_t stream, QueryCopy q) {
   if (n_tokens < 0 || n_kv_heads <= 0 || head_dim <= 0 || page_size <= 0 || q_width < 0 ||
-      row_stride < q_width + 2 * static_cast<int64_t>(n_kv_heads) * head_dim)
+      row_stride < q_width + 2 * static_cast<int64_t>(n_kv_heads) * head_dim || q.rows < 0 ||
+      q.rows > n_tokens || (q.rows > 0 && (!q.out || q_width == 0)))
     return cudaErrorInvalidValue;
   if (n_tokens == 0) return cudaSuccess;
   if (!qkv || !page_of || !slot_of || !kv_pool) return cudaErrorInvalidValue;
+  const int64_t q_rows = q.out ? q.rows : 0;
   if (head_dim % 8 == 0 && row_stride % 8 == 0 && q_width % 8 == 0 && aligned(qkv, 16) &&
-      aligned(kv_pool, 16)) {
+      aligned(kv_pool, 16) && (!q.out || aligned(q.out, 16))) {
     launch_store_kv(reinterpret_cast<const uint4*>(qkv), row_stride / 8, q_width / 8, page_of,
                     slot_of, n_tokens, n_kv_heads, head_dim / 8, page_size,
-                    reinterpret_cast<uint4*>(kv_pool), stream);
+                    reinterpret_cast<uint4*>(kv_pool), reinterpret_cast<uint4*>(q.out), q_rows, stream);
   } else {
     launch_store_kv(reinterpret_cast<const uint16_t*>(qkv), row_stride, q_width, page_of, slot_of,
                     n_tokens, n_kv_heads, head_dim, page_size,
-                    reinterpret_cast<uint16_t*>(kv_pool), stream);
+                    reinterpret_cast<uint16_t*>(kv_pool), reinterpret_cast<uint16_t*>(q.out), q_rows, stream);
   }
   return cudaGetLastError();
 }
@@ -337,14 +356,14 @@ cudaError_t silu_mul_bf16(const __nv_bfloat16* gate_up, int64_t n_tokens, int64_
     const auto* in = reinterpret_cast<const Bf16x8*>(gate_up);
     auto* to = reinterpret_cast<Bf16x8*>(out);
     if (total <= UINT32_MAX) {
-      silu_mul_vec_kernel<uint32_t><<<blocks, kElementwiseThreads, 0, stream>>>(
+      launch(silu_mul_vec_kernel<uint32_t>, blocks, kElementwiseThreads, 0, stream,
           in, static_cast<uint32_t>(total), static_cast<uint32_t>(units), to);
     } else {
-      silu_mul_vec_kernel<int64_t><<<blocks, kElementwiseThreads, 0, stream>>>(in, total, units, to);
+      launch(silu_mul_vec_kernel<int64_t>, blocks, kElementwiseThreads, 0, stream, in, total, units, to);
     }
   } else {
-    silu_mul_kernel<<<grid_for(n_tokens * ffn, kElementwiseThreads), kElementwiseThreads, 0,
-                      stream>>>(gate_up, n_tokens, ffn, out);
+    launch(silu_mul_kernel, grid_for(n_tokens * ffn, kElementwiseThreads), kElementwiseThreads, 0, stream, gate_up,
+           n_tokens, ffn, out);
   }
   return cudaGetLastError();
 }
@@ -355,8 +374,8 @@ cudaError_t convert_f32_to_bf16(const float* in, __nv_bfloat16* out, int64_t n,
   if (n == 0) return cudaSuccess;
   if (!in || !out) return cudaErrorInvalidValue;
   const int64_t units = (aligned(in, 16) && aligned(out, 16)) ? n / 8 : 0;
-  f32_to_bf16_kernel<<<grid_for(std::max<int64_t>(units, n - units * 8), kElementwiseThreads),
-                       kElementwiseThreads, 0, stream>>>(in, out, n, units);
+  launch(f32_to_bf16_kernel, grid_for(std::max<int64_t>(units, n - units * 8), kElementwiseThreads), kElementwiseThreads,
+         0, stream, in, out, n, units);
   return cudaGetLastError();
 }
 
@@ -366,8 +385,8 @@ cudaError_t convert_bf16_to_f32(const __nv_bfloat16* in, float* out, int64_t n,
   if (n == 0) return cudaSuccess;
   if (!in || !out) return cudaErrorInvalidValue;
   const int64_t units = (aligned(in, 16) && aligned(out, 16)) ? n / 8 : 0;
-  bf16_to_f32_kernel<<<grid_for(std::max<int64_t>(units, n - units * 8), kElementwiseThreads),
-                       kElementwiseThreads, 0, stream>>>(in, out, n, units);
+  launch(bf16_to_f32_kernel, grid_for(std::max<int64_t>(units, n - units * 8), kElementwiseThreads), kElementwiseThreads,
+         0, stream, in, out, n, units);
   return cudaGetLastError();
 }
 

@@ -35,12 +35,19 @@ struct QkRopeParams {
 // Per head: optional RMSNorm, then RoPE at positions[t] with angle = position * inv_freq[i].
 cudaError_t qk_norm_rope_bf16(const QkRopeParams& p, cudaStream_t stream);
 
+// The first `rows` tokens' q heads packed as [rows][q_width] (what decode attention reads).
+struct QueryCopy {
+  __nv_bfloat16* out = nullptr;
+  int64_t rows = 0;
+};
+
 // Writes the k and v heads of each token into its KV page (layout: paged_attention.h):
-// token t, KV head h goes to page page_of[t * n_kv_heads + h], slot slot_of[t].
+// token t, KV head h goes to page page_of[t * n_kv_heads + h], slot slot_of[t]. With `q` (rows
+// <= n_tokens), the same launch also packs those tokens' q heads into q.out.
 cudaError_t store_kv_pages_bf16(const __nv_bfloat16* qkv, int64_t row_stride, int64_t q_width,
                                 const int32_t* page_of, const int32_t* slot_of, int64_t n_tokens,
                                 int n_kv_heads, int head_dim, int page_size,
-                                __nv_bfloat16* kv_pool, cudaStream_t stream);
+                                __nv_bfloat16* kv_pool, cudaStream_t stream, QueryCopy q = {});
 
 // out[t][i] = silu(gate_up[t][i]) * gate_up[t][ffn + i]: the fused gate|up projection in, the
 // down projection's input out.

@@ -1,11 +1,13 @@
 #include "kernels/cuda/page_cache.h"
 
+#include <cooperative_groups.h>
 #include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <climits>
 
 #include "kernels/cuda/host_pages.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace spin::cuda {
 
@@ -70,12 +72,19 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
   return lo;
 }
 
+// What an item's bookkeeping leaves for the fetch: copy.src / copy.dst[0, misses) of its shared
+// memory, the values-only misses first.
+struct MissList {
+  int misses;
+  int value_misses;
+};
+
 // One item (seq, KV head) in one block. Every branch that encloses a __syncthreads or a block
 // collective depends only on values all threads read alike (the item's counts) or on block
 // totals, so control flow around barriers is uniform.
 template <int kPerThread>
-__device__ void retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, int seq, int head,
-                              int32_t cache_begin, int slots, int count, const int32_t* needed, int32_t* out) {
+__device__ MissList retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, int seq, int head,
+                                  int32_t cache_begin, int slots, int count, const int32_t* needed, int32_t* out) {
   using Sort = SortByLogical<kPerThread>;
   const int tid = threadIdx.x;
   const int heads = p.num_kv_heads;
@@ -317,28 +326,38 @@ __device__ void retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, 
   }
   __syncthreads();
 
-  // Zero-copy gather of the misses in half pages (K, V): the values-only misses' V halves, then
-  // both halves of the others. The block's threads stream 16-byte vectors, kUnroll loads in
-  // flight per thread.
-  const int64_t vecs_per_half = p.page_size * p.head_dim / 8;
-  const int64_t halves = value_misses + 2 * static_cast<int64_t>(misses - value_misses);
-  const auto half_of = [&](const int32_t* pages, int64_t u) -> int64_t {
-    if (u < value_misses) return 2 * static_cast<int64_t>(pages[u]) + 1;
-    const int64_t v = u - value_misses;
-    return 2 * static_cast<int64_t>(pages[value_misses + v / 2]) + v % 2;
-  };
-  const auto* src = reinterpret_cast<const uint4*>(p.host_pool);
-  auto* dst = reinterpret_cast<uint4*>(p.device_pool);
-  copy_host_pages<kUnroll>(
-      src, dst, tid, halves * vecs_per_half, kThreads, vecs_per_half,
-      [&](int64_t u) { return half_of(sh.copy.src, u); }, [&](int64_t u) { return half_of(sh.copy.dst, u); });
+  return MissList{misses, value_misses};
 }
 
-// One block per item. Two blocks per SM (64 registers) keep more host reads in flight than one.
-__global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p) {
+// Zero-copy gather of an item's misses in half pages (K, V): the values-only misses' V halves,
+// then both halves of the others. Vector `first` is this thread's, then every `stride`-th, with
+// kUnroll loads in flight per thread.
+__device__ void fetch_misses(const PageCacheParams& p, const MissList& list, const int32_t* src_pages,
+                             const int32_t* dst_pages, int64_t first, int64_t stride) {
+  const int64_t vecs_per_half = p.page_size * p.head_dim / 8;
+  const int64_t halves = list.value_misses + 2 * static_cast<int64_t>(list.misses - list.value_misses);
+  const auto half_of = [&](const int32_t* pages, int64_t u) -> int64_t {
+    if (u < list.value_misses) return 2 * static_cast<int64_t>(pages[u]) + 1;
+    const int64_t v = u - list.value_misses;
+    return 2 * static_cast<int64_t>(pages[list.value_misses + v / 2]) + v % 2;
+  };
+  copy_host_pages<kUnroll>(
+      reinterpret_cast<const uint4*>(p.host_pool), reinterpret_cast<uint4*>(p.device_pool), first,
+      halves * vecs_per_half, stride, vecs_per_half, [&](int64_t u) { return half_of(src_pages, u); },
+      [&](int64_t u) { return half_of(dst_pages, u); });
+}
+
+// One cluster of `ranks` blocks per item (1 without clusters). Rank 0 keeps the item's tables
+// and lists its misses; then every rank fetches a share of them, its own copy of the list in its
+// shared memory. One block per item would leave most SMs idle at small batches, and one SM's
+// host reads run well below the link's rate. Two blocks per SM (64 registers) keep more host reads
+// in flight than one.
+__global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(const PageCacheParams p, int ranks) {
+  enter_dependent_grid();
   __shared__ Shared<kFullPerThread> full;
   const int tid = threadIdx.x;
-  const int item = blockIdx.x;
+  const int item = blockIdx.x / ranks;
+  const int rank = blockIdx.x - item * ranks;
   const int heads = p.num_kv_heads;
   const int seq = item / heads;
   const int head = item - seq * heads;
@@ -348,7 +367,9 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
   const int32_t* needed = p.needed + p.needed_offsets[item];
   int32_t* out = p.out_pages + p.out_offsets[item];
 
+  // The same for every rank of the item, so a cluster returns whole, before any cluster barrier.
   if (count < 0 || count > slots || slots > kMaxCacheSlots) {
+    if (rank > 0) return;
     for (int k = tid; k < count; k += kThreads) out[k] = -1;
     if (tid == 0) {
       *p.error = 1;
@@ -358,10 +379,53 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
   }
   static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>) &&
                 alignof(Shared<1>) <= alignof(Shared<kFullPerThread>));
-  if (slots <= kThreads && p.buckets <= kThreads)
-    retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, seq, head, cache_begin, slots, count, needed, out);
-  else
-    retrieve_item<kFullPerThread>(p, full, item, seq, head, cache_begin, slots, count, needed, out);
+  auto& small = reinterpret_cast<Shared<1>&>(full);
+  const bool is_small = slots <= kThreads && p.buckets <= kThreads;
+  const int32_t* src_pages = is_small ? small.copy.src : full.copy.src;
+  const int32_t* dst_pages = is_small ? small.copy.dst : full.copy.dst;
+  MissList list{0, 0};
+  if (rank == 0) {
+    list = is_small ? retrieve_item<1>(p, small, item, seq, head, cache_begin, slots, count, needed, out)
+                    : retrieve_item<kFullPerThread>(p, full, item, seq, head, cache_begin, slots, count, needed, out);
+  }
+#if __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  if (ranks > 1) {
+    __shared__ MissList published;
+    if (rank == 0 && tid == 0) published = list;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // rank 0's list is complete
+    if (rank > 0) {
+      list = *cluster.map_shared_rank(&published, 0);
+      const int32_t* remote_src = cluster.map_shared_rank(src_pages, 0);
+      const int32_t* remote_dst = cluster.map_shared_rank(dst_pages, 0);
+      for (int k = tid; k < list.misses; k += kThreads) {
+        full.copy.src[k] = remote_src[k];
+        full.copy.dst[k] = remote_dst[k];
+      }
+      src_pages = full.copy.src;
+      dst_pages = full.copy.dst;
+      __syncthreads();
+    }
+    cluster.barrier_arrive();  // rank 0's shared memory is no longer read
+  }
+#endif
+  fetch_misses(p, list, src_pages, dst_pages, static_cast<int64_t>(rank) * kThreads + tid,
+               static_cast<int64_t>(ranks) * kThreads);
+#if __CUDA_ARCH__ >= 900
+  if (ranks > 1) cg::this_cluster().barrier_wait();  // no rank exits while another reads its memory
+#endif
+}
+
+// Blocks per item: enough for about kFetchBlocks blocks in all (the link's rate needs about 8 SMs,
+// and items' misses differ), at most 8 (a portable cluster).
+constexpr int64_t kFetchBlocks = 32;
+int blocks_per_item(const PageCacheParams& p, int64_t items) {
+  if (p.blocks_per_item > 0) return p.blocks_per_item;
+  if (!sm90_or_newer()) return 1;
+  int ranks = 1;
+  while (ranks < 8 && items * ranks * 2 <= kFetchBlocks) ranks *= 2;
+  return ranks;
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -374,7 +438,8 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
       p.page_size > 1024 || (p.page_size * p.head_dim) % 8 != 0 || p.buckets < 1 ||
-      p.buckets > kMaxLruBuckets)
+      p.buckets > kMaxLruBuckets || p.blocks_per_item < 0 || p.blocks_per_item > 8 ||
+      (p.blocks_per_item & (p.blocks_per_item - 1)) != 0 || (p.blocks_per_item > 1 && !sm90_or_newer()))
     return cudaErrorInvalidValue;
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (items > INT_MAX) return cudaErrorInvalidValue;
@@ -385,8 +450,10 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
       !aligned16(p.host_pool) || !aligned16(p.device_pool) ||
       (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)))
     return cudaErrorInvalidValue;
-  retrieve_cached_pages_kernel<<<static_cast<unsigned>(items), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  const int ranks = blocks_per_item(p, items);
+  if (items * ranks > INT_MAX) return cudaErrorInvalidValue;
+  return launch_in_clusters(retrieve_cached_pages_kernel, static_cast<unsigned>(items * ranks), kThreads, 0,
+                            static_cast<unsigned>(ranks), stream, p, ranks);
 }
 
 }  // namespace spin::cuda

@@ -79,6 +79,10 @@ struct PageCacheParams {
   int32_t* rebuild_logical = nullptr;
   int32_t* rebuild_counts = nullptr;         // [num_seqs * num_kv_heads]
   unsigned long long* value_only = nullptr;  // [num_seqs]
+  // Blocks that fetch one item's misses (1, 2, 4 or 8; more than 1 needs sm_90's clusters), or 0:
+  // the launch's choice, enough blocks at small batches that the host link, not the SMs, bounds
+  // the fetch.
+  int blocks_per_item = 0;
 };
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/per_device.h"
 
 namespace spin::cuda {
@@ -180,6 +181,7 @@ template <int D, typename OutT, Copy kCopy>
 __global__ void __launch_bounds__(kThreads)
     paged_decode_kernel(PagedDecodeParams p, int fixed_split, int num_splits, SplitPolicy policy, OutT* out,
                         float* ws_out, float2* ws_ml) {
+  wait_for_prior_grids();
   const int item = blockIdx.x;
   const int split = blockIdx.y;
   const int n_tok = p.num_tokens[item];
@@ -424,11 +426,8 @@ __global__ void __launch_bounds__(kThreads)
 
   }
 
-#if __CUDA_ARCH__ >= 900
-  // The merge kernel (launched as a programmatic dependent) may start launching now; it waits for
-  // this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  // The merge grid may be scheduled now; it waits for this grid's completion before reading.
+  allow_next_grid();
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     l_run[e] += __shfl_xor_sync(0xffffffffu, l_run[e], 4);
@@ -503,9 +502,7 @@ __global__ void __launch_bounds__(D)
     paged_decode_merge_kernel(PagedDecodeParams p, int fixed_split, int num_splits, SplitPolicy policy,
                               OutT* out, const float* ws_out, const float2* ws_ml) {
   extern __shared__ float weights[];  // [num_splits]
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials of the main kernel are complete
-#endif
+  enter_dependent_grid();  // the partials of the main kernel are complete
   const int item = blockIdx.x;
   const int qi = blockIdx.y;
   const int n_tok = p.num_tokens[item];
@@ -589,11 +586,7 @@ Copy load_path(const PagedDecodeParams& p) {
 
 SplitPolicy split_policy(const PagedDecodeParams& p) {
   SplitPolicy policy;
-  policy.sms = per_device<int>([] {
-    int device = 0, sms = 132;
-    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return sms;
-  });
+  policy.sms = multiprocessor_count();
   policy.wave = policy.sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
   policy.items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads));
   return policy;
@@ -613,8 +606,8 @@ size_t workspace_bytes_for(const PagedDecodeParams& p, int splits) {
 }
 
 template <int D, typename OutT>
-cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) {
+cudaError_t launch_decode(const PagedDecodeParams& p, OutT* out, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
   const SplitPolicy policy = split_policy(p);
   const int splits = grid_splits(p, policy);
   if (workspace_bytes < workspace_bytes_for(p, splits)) return cudaErrorInvalidValue;
@@ -626,50 +619,33 @@ cudaError_t launch(const PagedDecodeParams& p, OutT* out, void* workspace, size_
   float2* ws_ml = splits > 1 ? reinterpret_cast<float2*>(ws_out + item_splits * D) : nullptr;
   if (blocks_per_sm<D>() == 0) return cudaErrorInvalidConfiguration;  // also sets the smem limit
   const dim3 grid(items, splits);
-  switch (load_path(p)) {
-    case Copy::kThread16:
-      paged_decode_kernel<D, OutT, Copy::kThread16>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
-      break;
-    case Copy::kThread16L2:
-      paged_decode_kernel<D, OutT, Copy::kThread16L2>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
-      break;
-    case Copy::kWarp512:
-      paged_decode_kernel<D, OutT, Copy::kWarp512>
-          <<<grid, kThreads, kSmemBytes<D>, stream>>>(p, p.tokens_per_split, splits, policy, out, ws_out, ws_ml);
-      break;
-  }
-  if (splits == 1) return cudaGetLastError();
-  // Programmatic dependent launch: the merge grid's launch overlaps the main grid's tail.
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(items, p.group);
-  cfg.blockDim = dim3(D);
-  cfg.dynamicSmemBytes = static_cast<size_t>(splits) * sizeof(float);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  const bool hopper = per_device<bool>([] {  // programmatic dependent launch needs sm_90
-    int device = 0, major = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           major >= 9;
-  });
-  cfg.attrs = &attr;
-  cfg.numAttrs = hopper ? 1 : 0;
+  const auto main_kernel = [&] {
+    switch (load_path(p)) {
+      case Copy::kThread16:
+        return paged_decode_kernel<D, OutT, Copy::kThread16>;
+      case Copy::kThread16L2:
+        return paged_decode_kernel<D, OutT, Copy::kThread16L2>;
+      case Copy::kWarp512:
+        break;
+    }
+    return paged_decode_kernel<D, OutT, Copy::kWarp512>;
+  }();
+  const cudaError_t e = launch(main_kernel, grid, kThreads, kSmemBytes<D>, stream, p, p.tokens_per_split, splits,
+                               policy, out, ws_out, ws_ml);
+  if (e != cudaSuccess || splits == 1) return e;
   const float* partial_out = ws_out;
   const float2* partial_ml = ws_ml;
-  return cudaLaunchKernelEx(&cfg, paged_decode_merge_kernel<D, OutT>, p, p.tokens_per_split, splits, policy, out,
-                            partial_out, partial_ml);
+  return launch(paged_decode_merge_kernel<D, OutT>, dim3(items, p.group), D,
+                static_cast<size_t>(splits) * sizeof(float), stream, p, p.tokens_per_split, splits, policy, out,
+                partial_out, partial_ml);
 }
 
 template <typename OutT>
 cudaError_t dispatch(const PagedDecodeParams& p, OutT* out, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream) {
   if (!valid_shape(p)) return cudaErrorInvalidValue;
-  if (p.head_dim == 64) return launch<64>(p, out, workspace, workspace_bytes, stream);
-  return launch<128>(p, out, workspace, workspace_bytes, stream);
+  if (p.head_dim == 64) return launch_decode<64>(p, out, workspace, workspace_bytes, stream);
+  return launch_decode<128>(p, out, workspace, workspace_bytes, stream);
 }
 
 }  // namespace

@@ -24,4 +24,13 @@ T per_device(Init init) {
   return values[static_cast<size_t>(device)];
 }
 
+// Multiprocessors of the calling thread's device.
+inline int multiprocessor_count() {
+  return per_device<int>([] {
+    int device = 0, sms = 132;
+    if (cudaGetDevice(&device) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return sms;
+  });
+}
+
 }  // namespace spin::cuda

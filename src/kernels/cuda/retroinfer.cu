@@ -8,6 +8,7 @@
 #include "kernels/cuda/block_softmax.cuh"
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/launch.cuh"
 
 // Index: per job (one segment of one KV head), blocks of 256 tokens read keys and values once into
 // fp32 scratch, then centre the keys (the mean from the blocks' partial sums, added in one order);
@@ -152,6 +153,7 @@ __device__ __forceinline__ JobShape job_shape(const RetroInferClusterParams& p, 
 // Block (256 tokens, job): the chunk's keys and values into fp32 scratch, and its sums of the keys
 // (each thread keeps one dimension: blockDim is a multiple of head_dim).
 __global__ void __launch_bounds__(kThreads) retro_load_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   __shared__ float partial[kThreads];
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
@@ -184,6 +186,7 @@ __global__ void __launch_bounds__(kThreads) retro_load_kernel(RetroInferClusterP
 // Block (256 tokens, job): the segment's mean from the chunks' sums (every block adds them in the
 // same order), the chunk's keys centred (fp32 and bf16), and the seeds among its tokens.
 __global__ void __launch_bounds__(kThreads) retro_centre_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   __shared__ float mean[128];
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
@@ -239,6 +242,7 @@ __device__ __forceinline__ void keep_best(float& v, int& j, float ov, int oj) {
 
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) retro_assign_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   extern __shared__ __align__(128) unsigned char shared[];
   constexpr int ld = assign_ld<D>();
   bf16* xs = reinterpret_cast<bf16*>(shared);
@@ -313,6 +317,7 @@ __global__ void __launch_bounds__(kThreads, 2) retro_assign_kernel(RetroInferClu
 
 // Block per job: members sorted by (cluster, token), each cluster's first member and count.
 __global__ void __launch_bounds__(kThreads) retro_sort_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   using Sort = cub::BlockRadixSort<uint32_t, kThreads, kSortItems>;
   __shared__ typename Sort::TempStorage sort_storage;
   const int job = blockIdx.x;
@@ -353,6 +358,7 @@ __global__ void __launch_bounds__(kThreads) retro_sort_kernel(RetroInferClusterP
 // Block (8 clusters, job), a warp per cluster: its new centroid, the mean of its members' centred
 // keys summed in token order (an empty cluster keeps its own).
 __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
   const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -379,6 +385,7 @@ __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferCluste
 // Block (8 slots, job), a warp per slot of the segment: its start and size (an empty one past k,
 // or with no member, gets size 0), value sum and centroid (the mean stored key).
 __global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
   const RetroInferRecords& r = p.records;
@@ -419,6 +426,7 @@ __global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClust
 
 // Block (256 tokens, job): the segment's member entries and each token's cluster.
 __global__ void __launch_bounds__(kThreads) retro_members_kernel(RetroInferClusterParams p, ClusterScratch s) {
+  enter_dependent_grid();
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
   const int at = blockIdx.x * kLoadTokens + threadIdx.x;
@@ -447,6 +455,7 @@ __device__ __forceinline__ int num_slots(const RetroInferSelectParams& p, int se
 // block's (max, sum of exp) per query head.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelectParams p) {
+  enter_dependent_grid();
   __shared__ float q[G][D];
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
@@ -478,6 +487,7 @@ __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelect
 // Pass 2, block (256 slots, item): the normalisers from every block's partials, then the totals.
 template <int G>
 __global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelectParams p) {
+  enter_dependent_grid();
   __shared__ float norm_max[G], norm_scale[G];
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
@@ -513,6 +523,7 @@ __global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelect
 // Block (256 pages, item): a clustered candidate's estimated attention, its tokens' cluster totals
 // over the clusters' sizes.
 __global__ void __launch_bounds__(kThreads) retro_page_scores_kernel(RetroInferSelectParams p) {
+  enter_dependent_grid();
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
   const int seq = item / heads, h = item % heads;
@@ -535,6 +546,7 @@ __global__ void __launch_bounds__(kThreads) retro_page_scores_kernel(RetroInferS
 
 // Block (256 pages, item): the clusters of each clustered candidate page not selected get a flag.
 __global__ void __launch_bounds__(kThreads) retro_zone_flags_kernel(RetroInferSelectParams p) {
+  enter_dependent_grid();
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
   const int seq = item / heads, h = item % heads;
@@ -549,6 +561,7 @@ __global__ void __launch_bounds__(kThreads) retro_zone_flags_kernel(RetroInferSe
 
 // Block (256 slots, item): zone scores, and the flagged clusters counted.
 __global__ void __launch_bounds__(kThreads) retro_zone_scores_kernel(RetroInferSelectParams p) {
+  enter_dependent_grid();
   const int item = blockIdx.y;
   const int seq = item / p.records.num_kv_heads;
   const int c = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
@@ -565,6 +578,7 @@ __global__ void __launch_bounds__(kThreads) retro_zone_scores_kernel(RetroInferS
 
 // Thread per item: how many clusters the zone takes.
 __global__ void retro_zone_count_kernel(RetroInferSelectParams p, int items) {
+  enter_dependent_grid();
   const int item = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (item >= items) return;
   const int candidates = p.zone_tallies[item * 2], non_empty = p.zone_tallies[item * 2 + 1];
@@ -579,6 +593,7 @@ __global__ void retro_zone_count_kernel(RetroInferSelectParams p, int items) {
 // attention list; the values of the attended ones are subtracted one by one (lanes over dims).
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroInferEstimateParams p) {
+  enter_dependent_grid();
   constexpr int V = D / 32;
   __shared__ float q[G][D];
   __shared__ float part_m[kWarps][G], part_l[kWarps][G];
@@ -692,6 +707,7 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
 // Block per item: the splits' partials merged with the attention's output and log-sum-exp.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_estimate_merge_kernel(RetroInferEstimateParams p) {
+  enter_dependent_grid();
   const int item = blockIdx.x;
   if (p.zone_counts[item] <= 0) return;  // whole block
   const float* parts = p.partials + static_cast<int64_t>(item) * p.splits * G * (D + 2);
@@ -722,8 +738,8 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_merge_kernel(RetroInf
 
 template <int D, int G>
 void launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  retro_estimate_partial_kernel<D, G><<<dim3(static_cast<unsigned>(p.splits), items), kThreads, 0, stream>>>(p);
-  retro_estimate_merge_kernel<D, G><<<items, kThreads, 0, stream>>>(p);
+  launch(retro_estimate_partial_kernel<D, G>, dim3(static_cast<unsigned>(p.splits), items), kThreads, 0, stream, p);
+  launch(retro_estimate_merge_kernel<D, G>, items, kThreads, 0, stream, p);
 }
 
 template <int D>
@@ -734,8 +750,8 @@ cudaError_t launch_estimate(const RetroInferEstimateParams& p, unsigned items, c
 
 template <int D, int G>
 void launch_score_passes(const RetroInferSelectParams& p, dim3 grid, cudaStream_t stream) {
-  retro_logits_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
-  retro_totals_kernel<G><<<grid, kThreads, 0, stream>>>(p);
+  launch(retro_logits_kernel<D, G>, grid, kThreads, 0, stream, p);
+  launch(retro_totals_kernel<G>, grid, kThreads, 0, stream, p);
 }
 
 template <int D>
@@ -775,19 +791,19 @@ cudaError_t retroinfer_cluster(const RetroInferClusterParams& p, cudaStream_t st
   const cudaError_t e = cudaFuncSetAttribute(assign, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
   if (e != cudaSuccess) return e;
   const dim3 chunks(kLoadChunks, jobs);
-  retro_load_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
-  retro_centre_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
+  launch(retro_load_kernel, chunks, kThreads, 0, stream, p, s);
+  launch(retro_centre_kernel, chunks, kThreads, 0, stream, p, s);
   const dim3 assign_grid(kRetroInferMaxSegmentTokens / kAssignRows, jobs);
   const dim3 cluster_grid((kRetroInferMaxSegmentTokens / p.cluster_tokens + kWarps - 1) / kWarps, jobs);
   for (int it = 0; it < p.iterations; ++it) {
-    assign<<<assign_grid, kThreads, shared, stream>>>(p, s);
-    retro_sort_kernel<<<jobs, kThreads, 0, stream>>>(p, s);
-    if (it < p.iterations - 1) retro_update_kernel<<<cluster_grid, kThreads, 0, stream>>>(p, s);
+    launch(assign, assign_grid, kThreads, shared, stream, p, s);
+    launch(retro_sort_kernel, jobs, kThreads, 0, stream, p, s);
+    if (it < p.iterations - 1) launch(retro_update_kernel, cluster_grid, kThreads, 0, stream, p, s);
   }
   // Slots per job: pages * slots <= kRetroInferMaxSegmentTokens / page_size * slots.
   const dim3 slot_grid((kRetroInferMaxSegmentTokens / p.records.page_size * p.records.slots + kWarps - 1) / kWarps, jobs);
-  retro_records_kernel<<<slot_grid, kThreads, 0, stream>>>(p, s);
-  retro_members_kernel<<<chunks, kThreads, 0, stream>>>(p, s);
+  launch(retro_records_kernel, slot_grid, kThreads, 0, stream, p, s);
+  launch(retro_members_kernel, chunks, kThreads, 0, stream, p, s);
   return cudaGetLastError();
 }
 
@@ -809,7 +825,7 @@ cudaError_t retroinfer_score(const RetroInferSelectParams& p, cudaStream_t strea
   }
   if (p.max_candidates > 0) {
     const dim3 grid(static_cast<unsigned>((p.max_candidates + kThreads - 1) / kThreads), static_cast<unsigned>(items));
-    retro_page_scores_kernel<<<grid, kThreads, 0, stream>>>(p);
+    launch(retro_page_scores_kernel, grid, kThreads, 0, stream, p);
   }
   return cudaGetLastError();
 }
@@ -826,12 +842,12 @@ cudaError_t retroinfer_zone(const RetroInferSelectParams& p, cudaStream_t stream
     return cudaErrorInvalidValue;
   const auto n = static_cast<unsigned>(items);
   if (p.max_candidates > 0) {
-    retro_zone_flags_kernel<<<dim3((p.max_candidates + kThreads - 1) / kThreads, n), kThreads, 0, stream>>>(p);
+    launch(retro_zone_flags_kernel, dim3((p.max_candidates + kThreads - 1) / kThreads, n), kThreads, 0, stream, p);
   }
   if (p.max_clusters > 0) {
-    retro_zone_scores_kernel<<<dim3((p.max_clusters + kThreads - 1) / kThreads, n), kThreads, 0, stream>>>(p);
+    launch(retro_zone_scores_kernel, dim3((p.max_clusters + kThreads - 1) / kThreads, n), kThreads, 0, stream, p);
   }
-  retro_zone_count_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(p, static_cast<int>(items));
+  launch(retro_zone_count_kernel, (n + kThreads - 1) / kThreads, kThreads, 0, stream, p, static_cast<int>(items));
   return cudaGetLastError();
 }
 

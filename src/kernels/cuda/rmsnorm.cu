@@ -3,6 +3,7 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/cuda/bf16x8.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace spin::cuda {
 
@@ -39,6 +40,7 @@ template <typename Io>
 __global__ void rmsnorm_kernel(const typename Io::Unit* __restrict__ x, typename Io::Unit* __restrict__ residual,
                                const typename Io::Unit* __restrict__ w, typename Io::Unit* __restrict__ y,
                                int64_t units, float eps) {
+  enter_dependent_grid();
   constexpr int W = Io::kWidth;
   using Reduce = cub::BlockReduce<float, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
@@ -81,7 +83,7 @@ __global__ void rmsnorm_kernel(const typename Io::Unit* __restrict__ x, typename
 cudaError_t rmsnorm(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps,
                     cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  rmsnorm_kernel<Fp32Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, nullptr, w, y, n, eps);
+  launch(rmsnorm_kernel<Fp32Io>, static_cast<unsigned>(rows), kThreads, 0, stream, x, nullptr, w, y, n, eps);
   return cudaGetLastError();
 }
 
@@ -90,11 +92,11 @@ cudaError_t rmsnorm_residual_bf16(const __nv_bfloat16* x, __nv_bfloat16* residua
                                   int64_t n, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (n % 8 == 0 && aligned(x, 16) && (!residual || aligned(residual, 16)) && aligned(w, 16) && aligned(y, 16)) {
-    rmsnorm_kernel<Bf16x8Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+    launch(rmsnorm_kernel<Bf16x8Io>, static_cast<unsigned>(rows), kThreads, 0, stream,
         reinterpret_cast<const Bf16x8*>(x), reinterpret_cast<Bf16x8*>(residual), reinterpret_cast<const Bf16x8*>(w),
         reinterpret_cast<Bf16x8*>(y), n / 8, eps);
   } else {
-    rmsnorm_kernel<Bf16Io><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, residual, w, y, n, eps);
+    launch(rmsnorm_kernel<Bf16Io>, static_cast<unsigned>(rows), kThreads, 0, stream, x, residual, w, y, n, eps);
   }
   return cudaGetLastError();
 }

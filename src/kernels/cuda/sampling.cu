@@ -1,4 +1,5 @@
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/launch.cuh"
 
 #include <cub/block/block_reduce.cuh>
 #include <curand_kernel.h>
@@ -243,6 +244,7 @@ __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ logits, int32_t vocab, int64_t row_stride,
                   const SamplingRow* __restrict__ params, int32_t* __restrict__ out,
                   float mass_scale) {
+  enter_dependent_grid();
   extern __shared__ uint64_t histogram[];  // [kBins][kThreads]
   __shared__ Shared sh;
   __shared__ uint64_t best_shared, lowest_shared;
@@ -359,7 +361,7 @@ cudaError_t sample_tokens(const float* logits, int64_t rows, int64_t vocab, int6
   const cudaError_t attr = cudaFuncSetAttribute(
       sample_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kHistogramBytes));
   if (attr != cudaSuccess) return attr;
-  sample_kernel<<<static_cast<unsigned>(rows), kThreads, kHistogramBytes, stream>>>(
+  launch(sample_kernel, static_cast<unsigned>(rows), kThreads, kHistogramBytes, stream,
       logits, static_cast<int32_t>(vocab), row_stride, params, out, mass_scale);
   return cudaGetLastError();
 }

@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
+#include "kernels/cuda/launch.cuh"
 
 // Index: one warp per page; lane l owns RoPE pairs l and l + 32 (head_dim 128) or l (64), and sums
 // each token's pair turned back by the token's position. The cos and sin come from the angle in
@@ -69,6 +70,7 @@ struct LanePairs {
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) seer_index_kernel(SeerIndexParams p) {
+  enter_dependent_grid();
   const int lane = threadIdx.x % 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (i >= p.num_pages) return;  // whole warp
@@ -158,6 +160,7 @@ __device__ void load_bf16(const __nv_bfloat16* src, float (&dst)[V]) {
 
 template <int D, int G, bool kTrained>
 __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams p) {
+  enter_dependent_grid();
   constexpr int V = D / 32;  // dimensions per lane
   const int lane = threadIdx.x % 32;
   const int item = static_cast<int>(blockIdx.y);
@@ -234,16 +237,17 @@ template <int D>
 cudaError_t launch_score(const SeerScoreParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = kWarps * 32;
   if (p.gate_queries != nullptr) {
-    seer_score_kernel<D, 1, true><<<grid, kThreads, 0, stream>>>(p);
+    launch(seer_score_kernel<D, 1, true>, grid, kThreads, 0, stream, p);
   } else {
     with_group(p.group,
-               [&](auto g) { seer_score_kernel<D, decltype(g)::value, false><<<grid, kThreads, 0, stream>>>(p); });
+               [&](auto g) { launch(seer_score_kernel<D, decltype(g)::value, false>, grid, kThreads, 0, stream, p); });
   }
   return cudaGetLastError();
 }
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) seer_trained_index_kernel(SeerTrainedIndexParams p) {
+  enter_dependent_grid();
   constexpr int V = D / 32;  // key dimensions per lane
   constexpr int kDims = 2 * LanePairs<D>::kPairs;
   __shared__ float pooled_of[kWarps][3 * D];
@@ -317,6 +321,7 @@ constexpr int kQueryThreads = 512;
 
 template <int D>
 __global__ void __launch_bounds__(kQueryThreads) seer_gate_query_kernel(SeerGateQueryParams p) {
+  enter_dependent_grid();
   constexpr int kParts = kQueryThreads / D;
   __shared__ float q[8 * D];
   __shared__ float partial[kParts][D];
@@ -352,9 +357,9 @@ cudaError_t seer_index_pages(const SeerIndexParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((p.num_pages + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
-    seer_index_kernel<64><<<blocks, kWarps * 32, 0, stream>>>(p);
+    launch(seer_index_kernel<64>, blocks, kWarps * 32, 0, stream, p);
   else
-    seer_index_kernel<128><<<blocks, kWarps * 32, 0, stream>>>(p);
+    launch(seer_index_kernel<128>, blocks, kWarps * 32, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -368,9 +373,9 @@ cudaError_t seer_trained_index_pages(const SeerTrainedIndexParams& p, cudaStream
     return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((p.num_runs + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
-    seer_trained_index_kernel<64><<<blocks, kWarps * 32, 0, stream>>>(p);
+    launch(seer_trained_index_kernel<64>, blocks, kWarps * 32, 0, stream, p);
   else
-    seer_trained_index_kernel<128><<<blocks, kWarps * 32, 0, stream>>>(p);
+    launch(seer_trained_index_kernel<128>, blocks, kWarps * 32, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -380,9 +385,9 @@ cudaError_t seer_gate_queries(const SeerGateQueryParams& p, cudaStream_t stream)
   if (p.num_items == 0) return cudaSuccess;
   if (!p.q || !p.q_gate || !p.out) return cudaErrorInvalidValue;
   if (p.head_dim == 64)
-    seer_gate_query_kernel<64><<<p.num_items, kQueryThreads, 0, stream>>>(p);
+    launch(seer_gate_query_kernel<64>, p.num_items, kQueryThreads, 0, stream, p);
   else
-    seer_gate_query_kernel<128><<<p.num_items, kQueryThreads, 0, stream>>>(p);
+    launch(seer_gate_query_kernel<128>, p.num_items, kQueryThreads, 0, stream, p);
   return cudaGetLastError();
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/block_softmax.cuh"
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
+#include "kernels/cuda/launch.cuh"
 
 // Index: one warp per page; lane l owns head_dim / 32 consecutive dimensions. The mean is summed
 // in fp32, then each token's cosine to it is three warp all-reduces.
@@ -57,6 +58,7 @@ __device__ __forceinline__ void rope_pair(int j, int D, bool neox, int& a, int& 
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) shadowkv_index_kernel(ShadowKvIndexParams p) {
+  enter_dependent_grid();
   constexpr int V = D / 32;
   const int lane = threadIdx.x % 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -99,6 +101,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_index_kernel(ShadowKvIndexP
 }
 
 __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
+  enter_dependent_grid();
   const int item = blockIdx.x;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
   const int32_t* pages = p.pages + p.offsets[item];
@@ -116,6 +119,7 @@ __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
 // chunk's (max, sum of exp) per head.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScoreParams p) {
+  enter_dependent_grid();
   __shared__ float q[G][D];
   const int item = blockIdx.y;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
@@ -144,6 +148,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScore
 // candidate's largest probability over the group (+inf for an outlier chunk).
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) shadowkv_probs_kernel(ShadowKvScoreParams p) {
+  enter_dependent_grid();
   __shared__ float norm_max[G], norm_scale[G];
   const int item = blockIdx.y;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
@@ -172,8 +177,8 @@ __global__ void __launch_bounds__(kThreads) shadowkv_probs_kernel(ShadowKvScoreP
 
 template <int D, int G>
 void launch_score_passes(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t stream) {
-  shadowkv_logits_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
-  shadowkv_probs_kernel<D, G><<<grid, kThreads, 0, stream>>>(p);
+  launch(shadowkv_logits_kernel<D, G>, grid, kThreads, 0, stream, p);
+  launch(shadowkv_probs_kernel<D, G>, grid, kThreads, 0, stream, p);
 }
 
 template <int D>
@@ -187,6 +192,7 @@ cudaError_t launch_score(const ShadowKvScoreParams& p, dim3 grid, cudaStream_t s
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) shadowkv_unrotate_kernel(ShadowKvUnrotateParams p) {
+  enter_dependent_grid();
   constexpr int kPairs = D / 64;  // pairs per lane
   const int lane = threadIdx.x % 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;  // (page, head)
@@ -214,6 +220,7 @@ __global__ void __launch_bounds__(kThreads) shadowkv_unrotate_kernel(ShadowKvUnr
 }
 
 __global__ void shadowkv_store_kernel(ShadowKvStoreParams p) {
+  enter_dependent_grid();
   const int D = p.head_dim, r = p.rank;
   const int64_t page_elems = 2LL * p.page_size * D;
   const int64_t group_elems = p.num_kv_heads * page_elems;
@@ -256,6 +263,7 @@ __host__ __device__ constexpr int rank_stride(int rank) { return padded_rank(ran
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) shadowkv_rebuild_kernel(ShadowKvRebuildParams p) {
+  enter_dependent_grid();
   using namespace nvcuda;
   extern __shared__ uint4 shared16[];
   const int item = blockIdx.x;
@@ -355,9 +363,9 @@ cudaError_t shadowkv_index_pages(const ShadowKvIndexParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;
   const auto blocks = static_cast<unsigned>((p.num_pages + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
-    shadowkv_index_kernel<64><<<blocks, kThreads, 0, stream>>>(p);
+    launch(shadowkv_index_kernel<64>, blocks, kThreads, 0, stream, p);
   else
-    shadowkv_index_kernel<128><<<blocks, kThreads, 0, stream>>>(p);
+    launch(shadowkv_index_kernel<128>, blocks, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -368,7 +376,7 @@ cudaError_t shadowkv_mark_outliers(const ShadowKvOutlierParams& p, cudaStream_t 
   if (items == 0) return cudaSuccess;
   if (!p.pages || !p.offsets || !p.counts || !p.summary_dir || !p.dir_offsets || !p.summaries)
     return cudaErrorInvalidValue;
-  shadowkv_outlier_kernel<<<static_cast<unsigned>(items), 128, 0, stream>>>(p);
+  launch(shadowkv_outlier_kernel, static_cast<unsigned>(items), 128, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -393,9 +401,9 @@ cudaError_t shadowkv_unrotate_keys(const ShadowKvUnrotateParams& p, cudaStream_t
   const int64_t warps = static_cast<int64_t>(p.num_pages) * p.num_kv_heads;
   const auto blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
-    shadowkv_unrotate_kernel<64><<<blocks, kThreads, 0, stream>>>(p);
+    launch(shadowkv_unrotate_kernel<64>, blocks, kThreads, 0, stream, p);
   else
-    shadowkv_unrotate_kernel<128><<<blocks, kThreads, 0, stream>>>(p);
+    launch(shadowkv_unrotate_kernel<128>, blocks, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -408,7 +416,7 @@ cudaError_t shadowkv_store_factors(const ShadowKvStoreParams& p, cudaStream_t st
     return cudaErrorInvalidValue;
   const int64_t elems = (static_cast<int64_t>(p.num_pages) * p.page_size + int64_t{p.num_kv_heads} * p.head_dim) * p.rank;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + kThreads - 1) / kThreads, 4096));
-  shadowkv_store_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  launch(shadowkv_store_kernel, blocks, kThreads, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -436,10 +444,10 @@ cudaError_t shadowkv_rebuild_keys(const ShadowKvRebuildParams& p, cudaStream_t s
   cudaError_t e = cudaSuccess;
   if (p.head_dim == 64) {
     e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
-    if (e == cudaSuccess) shadowkv_rebuild_kernel<64><<<grid, kThreads, shared, stream>>>(p);
+    if (e == cudaSuccess) launch(shadowkv_rebuild_kernel<64>, grid, kThreads, shared, stream, p);
   } else {
     e = cudaFuncSetAttribute(shadowkv_rebuild_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
-    if (e == cudaSuccess) shadowkv_rebuild_kernel<128><<<grid, kThreads, shared, stream>>>(p);
+    if (e == cudaSuccess) launch(shadowkv_rebuild_kernel<128>, grid, kThreads, shared, stream, p);
   }
   return e != cudaSuccess ? e : cudaGetLastError();
 }

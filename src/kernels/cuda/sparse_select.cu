@@ -2,9 +2,12 @@
 
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cuda/group_dispatch.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/per_device.h"
 
 // Index: one warp per page; each lane reads 16-byte vectors of key rows (a row is head_dim / 8
 // vectors, so a warp covers 2 or 4 rows at once), keeps their elementwise min and max, and the
@@ -62,6 +65,7 @@ __device__ __forceinline__ uint4 shfl_xor8(uint4 v, int offset) {
 
 template <int D>
 __global__ void __launch_bounds__(kIndexWarps * 32) quest_index_kernel(QuestIndexParams p) {
+  enter_dependent_grid();
   constexpr int kCols = D / 8;           // 16-byte vectors per key row
   constexpr int kRowLanes = 32 / kCols;  // rows a warp reads side by side (2 or 4 <= page_size)
   const int lane = threadIdx.x % 32;
@@ -99,7 +103,12 @@ __global__ void __launch_bounds__(kIndexWarps * 32) quest_index_kernel(QuestInde
 // Score
 
 constexpr int kScoreThreads = 256;
-constexpr int kScoreTilePages = 256;  // candidates per block (per grid-stride step)
+// Candidates per block (per grid-stride step): the most, up to kMaxScoreTile, that still give the
+// launch kScoreBlocksPerSm blocks per SM. At batch 1 a layer's scores are a few MB, and 256-page
+// tiles left most SMs idle while each block waited on its loads.
+constexpr int kMaxScoreTile = 256;
+constexpr int kMinScoreTile = 32;
+constexpr int kScoreBlocksPerSm = 2;
 constexpr int kMaxGridY = 65535;
 
 __host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
@@ -167,7 +176,8 @@ __device__ __forceinline__ float page_bound(uint4 lo_bits, uint4 hi_bits, const 
 }
 
 template <int D, int G>
-__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScoreParams p) {
+__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScoreParams p, int tile_pages) {
+  enter_dependent_grid();
   constexpr int kLanes = D / 8;                   // lanes per page, 8 dimensions each
   constexpr int kSlots = kScoreThreads / kLanes;  // pages side by side in the block
   constexpr int kUnroll = G > 4 ? 2 : 4;          // pages in flight per lane (registers: q is big)
@@ -176,7 +186,7 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScorePa
   const int kv_head = item % p.num_kv_heads;
   const int32_t first = p.first_candidate[seq];
   const int32_t count = min(max(p.end_candidate[seq] - first, 0), p.max_candidates);
-  if (static_cast<int64_t>(blockIdx.y) * kScoreTilePages >= count) return;  // whole block
+  if (static_cast<int64_t>(blockIdx.y) * tile_pages >= count) return;  // whole block
 
   const int lane = threadIdx.x % kLanes;
   const int slot = threadIdx.x / kLanes;
@@ -197,9 +207,9 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScorePa
   const uint4* rows = reinterpret_cast<const uint4*>(p.summaries) + lane;
   float* out = p.scores + static_cast<int64_t>(item) * p.max_candidates;
 
-  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * kScoreTilePages; tile < count;
-       tile += static_cast<int64_t>(gridDim.y) * kScoreTilePages) {
-    const int tile_end = static_cast<int>(min(tile + kScoreTilePages, static_cast<int64_t>(count)));
+  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * tile_pages; tile < count;
+       tile += static_cast<int64_t>(gridDim.y) * tile_pages) {
+    const int tile_end = static_cast<int>(min(tile + tile_pages, static_cast<int64_t>(count)));
     // The trip count is the same for the whole block, so every lane reaches every shuffle.
     for (int base = static_cast<int>(tile); base < tile_end; base += kSlots * kUnroll) {
       uint4 lo[kUnroll], hi[kUnroll];
@@ -227,8 +237,10 @@ __global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScorePa
 }
 
 template <int D>
-cudaError_t launch_score(const QuestScoreParams& p, dim3 grid, cudaStream_t stream) {
-  with_group(p.group, [&](auto g) { quest_score_kernel<D, decltype(g)::value><<<grid, kScoreThreads, 0, stream>>>(p); });
+cudaError_t launch_score(const QuestScoreParams& p, dim3 grid, int tile_pages, cudaStream_t stream) {
+  with_group(p.group, [&](auto g) {
+    launch(quest_score_kernel<D, decltype(g)::value>, grid, kScoreThreads, 0, stream, p, tile_pages);
+  });
   return cudaGetLastError();
 }
 
@@ -255,9 +267,16 @@ struct SelectShared {
   uint32_t histogram[kRadixBins];
   uint32_t prefix;
   uint32_t need;
+  uint32_t in_bin;
 };
 
+// kHeld > 0: the item's keys sit in registers, kHeld per thread (striped: key j in thread
+// j % kSelectThreads), read once: a layer's select at small batches is a chain of block-wide
+// passes, and reloading the scores made each one wait on memory. 0 (over 8 keys per thread): each
+// pass reads them. 16 keys took 80 registers, one block per SM, and lost at batch 32.
+template <int kHeld>
 __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopParams p) {
+  enter_dependent_grid();
   __shared__ SelectShared sh;
   const int item = blockIdx.x;
   const int seq = item / p.num_kv_heads;
@@ -272,19 +291,37 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
     for (int32_t j = tid; j < n; j += kSelectThreads) out[j] = first + j;
     return;
   }
+  uint32_t held[kHeld > 0 ? kHeld : 1];
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int32_t j = tid + i * kSelectThreads;
+      held[i] = j < n ? rank_key(__ldg(scores + j)) : 0;
+    }
+  }
+  // f(j, key) for this thread's candidates j < n, in increasing order.
+  const auto for_each_key = [&](auto f) {
+    if constexpr (kHeld > 0) {
+#pragma unroll
+      for (int i = 0; i < kHeld; ++i)
+        if (tid + i * kSelectThreads < n) f(held[i]);
+    } else {
+      for (int32_t j = tid; j < n; j += kSelectThreads) f(rank_key(__ldg(scores + j)));
+    }
+  };
 
   // Radix descent: after the pass at `shift`, `prefix` holds the top bits of the k-th largest key
   // (bits under `mask`) and `need` how many of the keys with that prefix still belong to the top k.
+  // Once the k-th key's bin is taken whole, the lower bits change nothing and the descent stops.
   uint32_t prefix = 0;
   uint32_t mask = 0;
   uint32_t need = static_cast<uint32_t>(k);
   for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
     for (int b = tid; b < kRadixBins; b += kSelectThreads) sh.histogram[b] = 0;
     __syncthreads();
-    for (int32_t j = tid; j < n; j += kSelectThreads) {
-      const uint32_t key = rank_key(__ldg(scores + j));
+    for_each_key([&](uint32_t key) {
       if ((key & mask) == prefix) atomicAdd(&sh.histogram[(key >> shift) & (kRadixBins - 1)], 1u);
-    }
+    });
     __syncthreads();
     // Thread t holds bin kRadixBins - 1 - t, so the exclusive sum counts the keys in higher bins.
     const uint32_t in_bin = tid < kRadixBins ? sh.histogram[kRadixBins - 1 - tid] : 0;
@@ -293,22 +330,23 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
     if (tid < kRadixBins && above < need && need <= above + in_bin) {
       sh.prefix = prefix | (static_cast<uint32_t>(kRadixBins - 1 - tid) << shift);
       sh.need = need - above;
+      sh.in_bin = in_bin;
     }
     __syncthreads();
     prefix = sh.prefix;
     need = sh.need;
     mask |= static_cast<uint32_t>(kRadixBins - 1) << shift;
+    if (need == sh.in_bin) break;
   }
 
-  // Take every key above `prefix` and the first `need` keys equal to it, in index order.
-  const uint32_t kth = prefix;
+  // Take every key above `prefix` (under `mask`) and the first `need` keys equal to it, in index
+  // order, a tile of kSelectThreads candidates at a time. Returns whether the top k are all out.
   uint32_t done_above = 0;
   uint32_t done_ties = 0;
-  for (int32_t base = 0; base < n; base += kSelectThreads) {
-    const int32_t j = base + tid;
-    const uint32_t key = j < n ? rank_key(__ldg(scores + j)) : 0;
-    const bool above = j < n && key > kth;
-    const bool tie = j < n && key == kth;
+  const auto take_tile = [&](int32_t j, uint32_t key) {
+    key &= mask;
+    const bool above = j < n && key > prefix;
+    const bool tie = j < n && key == prefix;
     // Packed (above, tie) counts: a tile's tie count never carries into the high word.
     const uint64_t flags = (static_cast<uint64_t>(above) << 32) | static_cast<uint64_t>(tie);
     uint64_t before = 0;
@@ -319,8 +357,18 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
     if (above || (tie && ties_before < need)) out[above_before + min(ties_before, need)] = first + j;
     done_above += static_cast<uint32_t>(tile_total >> 32);
     done_ties += static_cast<uint32_t>(tile_total & 0xffffffffu);
-    if (done_above + min(done_ties, need) == static_cast<uint32_t>(k)) break;  // whole block
     __syncthreads();  // the scan's storage is reused
+    return done_above + min(done_ties, need) == static_cast<uint32_t>(k);  // the same for the block
+  };
+  if constexpr (kHeld > 0) {
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i)
+      if (i * kSelectThreads < n && take_tile(tid + i * kSelectThreads, held[i])) return;
+  } else {
+    for (int32_t base = 0; base < n; base += kSelectThreads) {
+      const int32_t j = base + tid;
+      if (take_tile(j, j < n ? rank_key(__ldg(scores + j)) : 0)) return;
+    }
   }
 }
 
@@ -336,9 +384,9 @@ cudaError_t quest_index_pages(const QuestIndexParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int blocks = (p.num_pages + kIndexWarps - 1) / kIndexWarps;
   if (p.head_dim == 64)
-    quest_index_kernel<64><<<blocks, kIndexWarps * 32, 0, stream>>>(p);
+    launch(quest_index_kernel<64>, blocks, kIndexWarps * 32, 0, stream, p);
   else
-    quest_index_kernel<128><<<blocks, kIndexWarps * 32, 0, stream>>>(p);
+    launch(quest_index_kernel<128>, blocks, kIndexWarps * 32, 0, stream, p);
   return cudaGetLastError();
 }
 
@@ -352,9 +400,13 @@ cudaError_t quest_score_pages(const QuestScoreParams& p, cudaStream_t stream) {
   if (!p.q || !p.summaries || !p.summary_dir || !p.dir_offsets || !p.first_candidate ||
       !p.end_candidate || !p.scores || !aligned16(p.q) || !aligned16(p.summaries))
     return cudaErrorInvalidValue;
-  const int tiles = (p.max_candidates + kScoreTilePages - 1) / kScoreTilePages;
-  const dim3 grid(static_cast<unsigned>(items), tiles < kMaxGridY ? tiles : kMaxGridY);
-  return p.head_dim == 64 ? launch_score<64>(p, grid, stream) : launch_score<128>(p, grid, stream);
+  const auto tiles = [&](int tile_pages) { return (p.max_candidates + tile_pages - 1) / tile_pages; };
+  int tile_pages = kMaxScoreTile;
+  while (tile_pages > kMinScoreTile && items * tiles(tile_pages) < kScoreBlocksPerSm * multiprocessor_count())
+    tile_pages /= 2;
+  const dim3 grid(static_cast<unsigned>(items), std::min(tiles(tile_pages), kMaxGridY));
+  return p.head_dim == 64 ? launch_score<64>(p, grid, tile_pages, stream)
+                          : launch_score<128>(p, grid, tile_pages, stream);
 }
 
 cudaError_t select_top_pages(const SelectTopParams& p, cudaStream_t stream) {
@@ -365,8 +417,14 @@ cudaError_t select_top_pages(const SelectTopParams& p, cudaStream_t stream) {
   if (!p.scores || !p.first_candidate || !p.end_candidate || !p.counts || !p.out_offsets ||
       !p.out_pages)
     return cudaErrorInvalidValue;
-  select_top_kernel<<<static_cast<unsigned>(items), kSelectThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  // The widest candidate range decides how many keys each thread holds.
+  const int held = pow2_at_least((p.max_candidates + kSelectThreads - 1) / kSelectThreads);
+  const auto kernel = held == 1   ? select_top_kernel<1>
+                      : held == 2 ? select_top_kernel<2>
+                      : held == 4 ? select_top_kernel<4>
+                      : held == 8 ? select_top_kernel<8>
+                                  : select_top_kernel<0>;
+  return launch(kernel, static_cast<unsigned>(items), kSelectThreads, 0, stream, p);
 }
 
 }  // namespace spin::cuda
