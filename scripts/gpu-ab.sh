@@ -17,10 +17,7 @@ before=$1 after=$2 rounds=$3
 shift 3
 out=${OUT:-/tmp/spin-gpu-ab-out}
 mkdir -p "$out"
-deps=/tmp/spin-deps
-mkdir -p "$deps"
-for f in .gpu-deps/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$deps"; done
-export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source scripts/gpu-deps-env.sh
 chmod +x "$before" "$after" 2>/dev/null || true
 raw=$out/ab.md
 : >"$raw"

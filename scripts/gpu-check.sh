@@ -13,12 +13,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-gpu-out}
 mkdir -p "$out"
-deps=/tmp/spin-deps
-mkdir -p "$deps"
-for f in .gpu-deps/*.deb; do dpkg-deb -x "$f" "$deps"; done
+source scripts/gpu-deps-env.sh
 export PKG_CONFIG_PATH=$deps/usr/lib/x86_64-linux-gnu/pkgconfig:$deps/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$deps
-export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 # On a machine with 2+ GPUs the tensor-parallel tests run too; they need kernels loaded eagerly
 # (kernels/cuda/module_loading.h) and NVLink multicast off.
 export CUDA_MODULE_LOADING=EAGER NCCL_NVLS_ENABLE=0

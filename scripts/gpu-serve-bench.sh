@@ -17,10 +17,7 @@ cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-gpu-serve-out}
 mkdir -p "$out"
 bin=${SPIN_GPU_PREBUILT:-.gpu-bin}/bin
-deps=/tmp/spin-deps
-mkdir -p "$deps"
-for f in .gpu-deps/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$deps"; done
-export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source scripts/gpu-deps-env.sh
 chmod +x "$bin"/* 2>/dev/null || true
 
 modes=(${SPIN_SERVE_MODES:-dense quest})

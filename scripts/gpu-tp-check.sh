@@ -22,10 +22,7 @@ export NCCL_NVLS_ENABLE=0
 export CUDA_MODULE_LOADING=EAGER
 export NCCL_DEBUG=${NCCL_DEBUG:-VERSION}  # the NCCL version in the log, once per communicator
 
-deps=/tmp/spin-deps
-mkdir -p "$deps"
-for f in .gpu-deps/*.deb; do [ -e "$f" ] && dpkg-deb -x "$f" "$deps"; done
-export LD_LIBRARY_PATH=$deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+source scripts/gpu-deps-env.sh
 export PATH=$PATH:$deps/usr/bin  # eu-stack (elfutils) for the stacks of a step that hangs
 chmod +x "$bin"/bin/* "$bin"/tests/* 2>/dev/null || true
 

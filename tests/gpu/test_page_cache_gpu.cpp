@@ -20,6 +20,7 @@
 
 #include "gpu_test.h"
 #include "kernels/cuda/page_cache.h"
+#include "kernels/cuda/per_device.h"
 #include "kv/bucketed_lru.h"
 
 namespace spin {
@@ -28,13 +29,6 @@ namespace {
 using Rng = std::mt19937_64;
 constexpr unsigned char kPoolPoison = 0xA5;  // device pool bytes no page was copied to
 constexpr int32_t kOutPoison = -7;           // out_pages entries outside every item's range
-
-// Thread block clusters (a fetch over several blocks per item) need sm_90.
-bool sm90() {
-  int device = 0, major = 0;
-  return cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-}
 
 struct TraceShape {
   int page_size;
@@ -373,7 +367,7 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       // Every fetch split: the launch's choice, one block per item, clusters of 2, 4 and 8 (sm_90).
       constexpr int kBlocksPerItem[] = {0, 1, 2, 4, 8};
       p.blocks_per_item = kBlocksPerItem[(step * layers + layer) % 5];
-      if (p.blocks_per_item > 1 && !sm90()) p.blocks_per_item = 1;
+      if (p.blocks_per_item > 1 && !cuda::sm90_or_newer()) p.blocks_per_item = 1;
       SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item));
       CUDA_OK(cuda::retrieve_cached_pages(p, nullptr));
       CUDA_OK(cudaDeviceSynchronize());

@@ -36,16 +36,6 @@ __device__ __forceinline__ void enter_dependent_grid() {
   allow_next_grid();
 }
 
-// Whether the calling thread's device is sm_90 or newer (programmatic launch, clusters).
-inline bool sm90_or_newer() {
-  return per_device<bool>([] {
-    int device = 0, major = 0;
-    return cudaGetDevice(&device) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-           major >= 9;
-  });
-}
-
 // Whether launches overlap (sm_90+, not switched off).
 inline bool programmatic_launch_enabled() {
   static const bool switched_off = [] {

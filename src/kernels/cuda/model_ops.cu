@@ -51,16 +51,13 @@ cudaError_t copy_rows(const bf16* src, const int32_t* rows, int64_t n_rows, int6
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(n_rows, int64_t{1} << 20));
   if (row_bytes % 16 == 0 && aligned(src, 16) && aligned(out, 16)) {
     launch(copy_rows_kernel<uint4>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint4*>(src), rows,
-                                                          n_rows, row_bytes / 16,
-                                                          reinterpret_cast<uint4*>(out));
+           n_rows, row_bytes / 16, reinterpret_cast<uint4*>(out));
   } else if (row_bytes % 4 == 0 && aligned(src, 4) && aligned(out, 4)) {
     launch(copy_rows_kernel<uint32_t>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint32_t*>(src),
-                                                          rows, n_rows, row_bytes / 4,
-                                                          reinterpret_cast<uint32_t*>(out));
+           rows, n_rows, row_bytes / 4, reinterpret_cast<uint32_t*>(out));
   } else {
     launch(copy_rows_kernel<uint16_t>, blocks, kCopyThreads, 0, stream, reinterpret_cast<const uint16_t*>(src),
-                                                          rows, n_rows, width,
-                                                          reinterpret_cast<uint16_t*>(out));
+           rows, n_rows, width, reinterpret_cast<uint16_t*>(out));
   }
   return cudaGetLastError();
 }
@@ -356,8 +353,8 @@ cudaError_t silu_mul_bf16(const __nv_bfloat16* gate_up, int64_t n_tokens, int64_
     const auto* in = reinterpret_cast<const Bf16x8*>(gate_up);
     auto* to = reinterpret_cast<Bf16x8*>(out);
     if (total <= UINT32_MAX) {
-      launch(silu_mul_vec_kernel<uint32_t>, blocks, kElementwiseThreads, 0, stream,
-          in, static_cast<uint32_t>(total), static_cast<uint32_t>(units), to);
+      launch(silu_mul_vec_kernel<uint32_t>, blocks, kElementwiseThreads, 0, stream, in,
+             static_cast<uint32_t>(total), static_cast<uint32_t>(units), to);
     } else {
       launch(silu_mul_vec_kernel<int64_t>, blocks, kElementwiseThreads, 0, stream, in, total, units, to);
     }

@@ -24,6 +24,16 @@ T per_device(Init init) {
   return values[static_cast<size_t>(device)];
 }
 
+// Whether the calling thread's device is sm_90 or newer (programmatic launch, clusters).
+inline bool sm90_or_newer() {
+  return per_device<bool>([] {
+    int device = 0, major = 0;
+    return cudaGetDevice(&device) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+           major >= 9;
+  });
+}
+
 // Multiprocessors of the calling thread's device.
 inline int multiprocessor_count() {
   return per_device<int>([] {

@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
       held[i] = j < n ? rank_key(__ldg(scores + j)) : 0;
     }
   }
-  // f(j, key) for this thread's candidates j < n, in increasing order.
+  // f(key) for this thread's candidates j < n, in increasing j.
   const auto for_each_key = [&](auto f) {
     if constexpr (kHeld > 0) {
 #pragma unroll
