@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -50,6 +51,7 @@ struct BenchArgs {
   int64_t output_len = 128;
   double range_ratio = 0.0;
   double length_scale = 1.0;
+  std::optional<double> output_length_scale;  // outputs only; unset: length_scale
   std::string token_ids = "256:10000";
   uint64_t seed = 0;
   std::vector<std::string> goodput;
@@ -63,25 +65,30 @@ struct Workload {
   int64_t output_len = 0;
 };
 
-// Request lengths of the workload, scaled by --length-scale (at least 1 token each).
+// Request lengths of the workload, scaled by --length-scale and outputs by --output-length-scale
+// (at least 1 token each).
 std::vector<Workload> make_workload(const BenchArgs& a, std::mt19937_64& rng) {
   std::vector<Workload> out(static_cast<size_t>(a.num_prompts));
-  auto scaled = [&](double tokens) { return std::max<int64_t>(1, std::llround(tokens * a.length_scale)); };
+  const auto scale_by = [](double scale) {
+    return [scale](double tokens) { return std::max<int64_t>(1, std::llround(tokens * scale)); };
+  };
+  const auto scaled = scale_by(a.length_scale);
+  const auto scaled_output = scale_by(a.output_length_scale.value_or(a.length_scale));
   auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
   for (Workload& w : out) {
     if (a.dataset == "random") {
       // As vLLM's random dataset: uniform within +-range_ratio of the length.
       w.prompt_len = scaled(std::round(uniform(a.input_len * (1 - a.range_ratio), a.input_len * (1 + a.range_ratio) + 1e-9)));
-      w.output_len = scaled(std::round(uniform(a.output_len * (1 - a.range_ratio), a.output_len * (1 + a.range_ratio) + 1e-9)));
+      w.output_len = scaled_output(std::round(uniform(a.output_len * (1 - a.range_ratio), a.output_len * (1 + a.range_ratio) + 1e-9)));
     } else if (a.dataset == "longbench-v2") {
       // Input 32K..120K with mean ~55K: 32K plus an exponential tail (mean 23K) clipped at 120K;
       // output mean 5K: uniform 2.5K..7.5K.
       const double tail = std::exponential_distribution<double>(1.0 / 23000.0)(rng);
       w.prompt_len = scaled(std::min(32000.0 + tail, 120000.0));
-      w.output_len = scaled(uniform(2500, 7500));
+      w.output_len = scaled_output(uniform(2500, 7500));
     } else {  // longgenbench: input ~18K, output ~12K
       w.prompt_len = scaled(uniform(16000, 20000));
-      w.output_len = scaled(uniform(9000, 15000));
+      w.output_len = scaled_output(uniform(9000, 15000));
     }
   }
   return out;
@@ -436,6 +443,11 @@ void run_bench(const BenchArgs& a) {
              "--range-ratio must be in [0, 1), got {}", a.range_ratio);
   SPIN_CHECK(std::isfinite(a.length_scale) && a.length_scale > 0 && a.length_scale <= 100,
              "--length-scale must be in (0, 100], got {}", a.length_scale);
+  if (a.output_length_scale) {
+    const double scale = *a.output_length_scale;
+    SPIN_CHECK(std::isfinite(scale) && scale > 0 && scale <= 100, "--output-length-scale must be in (0, 100], got {}",
+               scale);
+  }
   SPIN_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0, "--timeout must be positive");
   std::vector<double> rates;
   for (const std::string& s : a.request_rates) rates.push_back(parse_rate(s));
@@ -496,7 +508,8 @@ void run_bench(const BenchArgs& a) {
   if (!a.json_out.empty()) {
     json doc{{"base_url", a.base_url}, {"model", model}, {"endpoint", a.endpoint}, {"dataset", a.dataset},
              {"input_len", a.input_len}, {"output_len", a.output_len}, {"range_ratio", a.range_ratio},
-             {"length_scale", a.length_scale}, {"seed", a.seed}, {"extra_body", extra}, {"runs", runs}};
+             {"length_scale", a.length_scale},
+             {"output_length_scale", a.output_length_scale.value_or(a.length_scale)}, {"seed", a.seed}, {"extra_body", extra}, {"runs", runs}};
     std::ofstream f(a.json_out);
     SPIN_CHECK(f.good(), "cannot write {}", a.json_out);
     f << doc.dump(2) << "\n";
@@ -525,6 +538,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--output-len", a->output_len, "random: output tokens")->capture_default_str();
   cmd->add_option("--range-ratio", a->range_ratio, "random: lengths uniform within +-ratio")->capture_default_str();
   cmd->add_option("--length-scale", a->length_scale, "multiply every length (small models: e.g. 0.01)")->capture_default_str();
+  cmd->add_option("--output-length-scale", a->output_length_scale,
+                  "multiply output lengths by this instead (full-length prompts with short outputs, e.g. 0.1)");
   cmd->add_option("--token-ids", a->token_ids, "prompt token ids drawn uniformly from LO:HI")->capture_default_str();
   cmd->add_option("--seed", a->seed, "workload and arrival seed")->capture_default_str();
   cmd->add_option("--goodput", a->goodput, "SLOs as NAME:MS (ttft, tpot, e2el), e.g. --goodput ttft:500 tpot:50");

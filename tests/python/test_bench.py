@@ -91,6 +91,18 @@ def test_bench_times_a_model_without_tokenizer(spin_bin, test_tmp, run_spin):
         check_summary("ttft", r["ttft_ms"], 4)
         check_summary("tpot", r["tpot_ms"], 4)
         assert r["itl_ms"]["count"] == 4 * (5 - 1)  # one chunk per token after the first
+
+        # Outputs scaled apart from prompts: 8 x 2 prompt tokens, 6 x 0.5 output tokens.
+        out2 = test_tmp / "bench_dummy_scaled.json"
+        run_spin("bench", "--base-url", f"http://127.0.0.1:{server.port}/v1", "--num-prompts", 4,
+                 "--input-len", 8, "--output-len", 6, "--range-ratio", 0, "--token-ids", "3:200",
+                 "--length-scale", 2, "--output-length-scale", 0.5, "--json-out", out2, timeout=120)
+        doc = json.loads(out2.read_text())
+        assert doc["length_scale"] == 2 and doc["output_length_scale"] == 0.5
+        r = doc["runs"][0]
+        assert r["completed"] == 4 and r["failed"] == 0, r["errors"]
+        assert r["total_input_tokens"] == 4 * 16
+        assert r["total_output_tokens"] == 4 * 3
     finally:
         assert server.stop() == 0
 
@@ -99,6 +111,7 @@ def test_bench_rejects_bad_flags(run_spin):
     for args, message in [(["--request-rate", "0"], "--request-rate"),
                           (["--goodput", "latency:5"], "unknown SLO"),
                           (["--range-ratio", "1.5"], "--range-ratio"),
+                          (["--output-length-scale", "0"], "--output-length-scale"),
                           (["--base-url", "ftp://x"], "http://"),
                           (["--extra-body", "[1]"], "JSON object")]:
         proc = run_spin("bench", "--model", "m", *args, expect_ok=False)
