@@ -72,6 +72,7 @@ struct BenchArgs {
   bool compare_sampling = false;
   std::string model;
   std::string load_format = "auto";
+  std::string rope_scaling;
   std::string device = "cpu";
   std::vector<int64_t> prefill_lengths{512, 4096};
   int64_t decode_tokens = 64;
@@ -121,7 +122,9 @@ double read_bandwidth(size_t bytes, int repeats) {
 
 void run_cpu(const BenchArgs& a) {
   spin::cpu::set_num_threads(a.threads);
-  spin::LoadedModel model = spin::load_model({a.model, a.load_format, 0});
+  spin::LoadOptions load{a.model, a.load_format, 0};
+  load.rope_scaling = a.rope_scaling;
+  spin::LoadedModel model = spin::load_model(load);
   const spin::ModelConfig& c = model.weights.config;
   spin::Transformer transformer(model.weights);
   std::mt19937 rng(7);
@@ -332,6 +335,7 @@ int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_toke
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load{a.model, a.load_format, 0};
   load.dummy_weights_on_host = false;
+  load.rope_scaling = a.rope_scaling;
   spin::LoadedModel loaded = spin::load_model(load);
   const spin::ModelConfig c = loaded.weights.config;
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
@@ -648,6 +652,7 @@ int main(int argc, char** argv) {
   BenchArgs a;
   app.add_option("--model", a.model, ".gguf file, HF directory, or preset name (with --load-format dummy)")->required();
   app.add_option("--load-format", a.load_format, "auto | gguf | safetensors | dummy")->capture_default_str();
+  app.add_option("--rope-scaling", a.rope_scaling, "JSON rope_scaling replacing the model's (as spin serve)");
   app.add_option("--device", a.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--prefill", a.prefill_lengths, "prompt lengths to time")->capture_default_str();
   app.add_option("--prefill-chunk", a.prefill_chunk, "cuda: tokens per prefill forward")->capture_default_str();

@@ -8,9 +8,14 @@
 # others on 16: the same bytes of pool and host tier either way.
 # Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; seer, shadowkv and dense-offload also
 # run; dense-offload slowly: a separate call], SPIN_SERVE_RATES [0.4 0.8 1.6],
-# SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_DEVICE_GB [4],
+# SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_OUTPUT_SCALE [SPIN_SERVE_SCALE: outputs
+# only, so full-length prompts (SCALE 1) can run with short outputs], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
-# SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode], SPIN_SERVE_DEVICE [cuda; cpu
+# SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode],
+# SPIN_SERVE_REQUEST_TIMEOUT [240: seconds per request], SPIN_SERVE_ROPE_SCALING [none: the model's;
+# the whole LongBench-v2 shape (SCALE 1, prompts up to 120K) on Qwen3 needs
+# '{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}' and MAX_LEN 131072],
+# SPIN_SERVE_DEVICE [cuda; cpu
 # makes it a smoke test of the script]. Results go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +29,7 @@ modes=(${SPIN_SERVE_MODES:-dense quest})
 rates=(${SPIN_SERVE_RATES:-0.4 0.8 1.6})
 prompts=${SPIN_SERVE_PROMPTS:-24}
 scale=${SPIN_SERVE_SCALE:-0.1}
+output_scale=${SPIN_SERVE_OUTPUT_SCALE:-$scale}
 model=${SPIN_SERVE_MODEL:-qwen3-14b}
 seconds=${SPIN_SERVE_SECONDS:-270}
 budget=${SPIN_SERVE_BUDGET:-0.0156}
@@ -43,6 +49,7 @@ for mode in "${modes[@]}"; do
   [ "$mode" = shadowkv ] && block=8
   flags=(--device "${SPIN_SERVE_DEVICE:-cuda}" --load-format dummy --model "$model" --port "$port" --max-model-len "${SPIN_SERVE_MAX_LEN:-16384}"
          --max-num-seqs 64 --block-size "$block" --kv-device-pages $((device_pages * 16 / block)))
+  [ -n "${SPIN_SERVE_ROPE_SCALING:-}" ] && flags+=(--rope-scaling "$SPIN_SERVE_ROPE_SCALING")
   if [ "$mode" != dense ]; then
     flags+=(--kv-host-pages $((host_pages * 16 / block)) --sparse-algorithm "$mode" --sparse-budget "$budget")
   fi
@@ -60,8 +67,8 @@ for mode in "${modes[@]}"; do
     continue
   fi
   timeout "$seconds" "$bin/spin" bench --base-url "http://127.0.0.1:$port/v1" --dataset-name longbench-v2 \
-    --length-scale "$scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
-    --goodput ttft:10000 tpot:100 --timeout 240 --json-out "$out/bench_$mode.json" 2>&1 | tee "$out/bench_$mode.log" \
+    --length-scale "$scale" --output-length-scale "$output_scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
+    --goodput ttft:10000 tpot:100 --timeout "${SPIN_SERVE_REQUEST_TIMEOUT:-240}" --json-out "$out/bench_$mode.json" 2>&1 | tee "$out/bench_$mode.log" \
     || { echo "!! $mode: bench failed or ran out of time"; status=1; }
   http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine)' >"$out/metrics_$mode.txt"
   kill -INT "$server" 2>/dev/null

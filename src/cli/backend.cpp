@@ -237,4 +237,13 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   return make_cpu_backend(std::move(b), options, engine, gate);
 }
 
+void add_model_options(CLI::App& cmd, LoadOptions& load) {
+  cmd.add_option("-m,--model", load.model, ".gguf file, HF directory, or preset name")->required();
+  cmd.add_option("--load-format", load.load_format, "auto | gguf | safetensors | dummy")
+      ->check(CLI::IsMember({"auto", "gguf", "safetensors", "dummy"}));
+  cmd.add_option("--rope-scaling", load.rope_scaling,
+                 "JSON rope_scaling replacing the model's, e.g. '{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                 "\"original_max_position_embeddings\":32768}' (YaRN extends the context to original x factor)");
+}
+
 }  // namespace spin::cli

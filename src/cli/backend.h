@@ -4,6 +4,8 @@
 // fp32 Transformer on the paged two-tier store (every sparse algorithm); the CUDA backend is the
 // bf16 CudaModel on a device KV pool (dense attention for now). Shared by the subcommands that run
 // a model, so each gets the same flags and the same choice.
+#include <CLI/CLI.hpp>
+
 #include <memory>
 #include <string>
 
@@ -46,5 +48,8 @@ std::string resolve_device(const std::string& device, bool sparse_default);
 // and the GPU's activation buffers. Throws spin::Error when --tensor-parallel-size does not split
 // the model's KV heads, query heads and intermediate size, or exceeds the visible GPUs.
 Backend make_backend(LoadOptions load, const BackendOptions& options, const EngineConfig& engine);
+
+// The flags that name the model and how to read it: -m/--model, --load-format, --rope-scaling.
+void add_model_options(CLI::App& cmd, LoadOptions& load);
 
 }  // namespace spin::cli

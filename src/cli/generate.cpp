@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "cli/backend.h"
 #include "cli/commands.h"
 #include "cli/npy.h"
 #include "cli/token_ids.h"
@@ -105,10 +106,7 @@ void run_generate(const GenerateArgs& a) {
 void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from one prompt, streaming it");
-  cmd->add_option("-m,--model", args->load.model, ".gguf file, HF directory, or preset name")
-      ->required();
-  cmd->add_option("--load-format", args->load.load_format, "auto | gguf | safetensors | dummy")
-      ->check(CLI::IsMember({"auto", "gguf", "safetensors", "dummy"}));
+  add_model_options(*cmd, args->load);
   cmd->add_option("-p,--prompt", args->prompt, "prompt text");
   cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids");
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat template");

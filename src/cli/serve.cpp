@@ -126,9 +126,7 @@ void run_serve(ServeArgs a) {
 void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve the OpenAI-compatible HTTP API");
-  cmd->add_option("-m,--model", args->load.model, ".gguf file, HF directory, or preset name")->required();
-  cmd->add_option("--load-format", args->load.load_format, "auto | gguf | safetensors | dummy")
-      ->check(CLI::IsMember({"auto", "gguf", "safetensors", "dummy"}));
+  add_model_options(*cmd, args->load);
   cmd->add_option("--host", args->server.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", args->server.port, "port (0 = any free port)")->capture_default_str();
   cmd->add_option("--api-key", args->server.api_key, "require 'Authorization: Bearer <key>' on /v1/");

@@ -149,20 +149,11 @@ float yarn_default_mscale(float factor) {
   return factor <= 1.0f ? 1.0f : 0.1f * std::log(factor) + 1.0f;
 }
 
-void parse_rope(const ConfigFields& fields, ModelConfig& config) {
+// Applies a rope_scaling object (HF's format) to config.rope. YaRN also extends max_position to
+// original_max_position_embeddings x factor, the context it was made for (as vLLM derives it).
+void apply_rope_scaling(const ConfigFields& fields, const Json& scaling_object, ModelConfig& config) {
   const std::string& path = fields.path();
-  // transformers >= 5 nests theta and scaling in "rope_parameters"; older configs use
-  // "rope_theta" and "rope_scaling" at the top level.
-  const Json* scaling = fields.find("rope_scaling");
-  if (!scaling) scaling = fields.find("rope_parameters");
-  double theta = 10000.0;
-  if (scaling && scaling->is_object()) {
-    if (const Json* t = fields.find(*scaling, "rope_theta")) theta = fields.number(*t, "rope_theta");
-  }
-  config.rope.theta = static_cast<float>(fields.optional_number("rope_theta", theta));
-  config.rope.neox = true;  // HF's rotate_half layout
-  if (!scaling) return;
-  SPIN_CHECK(scaling->is_object(), "config '{}': rope_scaling must be an object or null", path);
+  const Json* scaling = &scaling_object;
 
   const Json* type_json = fields.find(*scaling, "rope_type");
   if (!type_json) type_json = fields.find(*scaling, "type");
@@ -221,10 +212,31 @@ void parse_rope(const ConfigFields& fields, ModelConfig& config) {
       rope.yarn_attn_factor = static_cast<float>(fields.number(*a, "attention_factor")) /
                               yarn_default_mscale(rope.factor);
     }
+    SPIN_CHECK(rope.factor >= 1.0f, "config '{}': yarn rope scaling needs a factor >= 1, got {}", path, rope.factor);
+    const double extended = static_cast<double>(rope.original_max_position) * rope.factor;
+    SPIN_CHECK(extended <= std::numeric_limits<int32_t>::max(),
+               "config '{}': yarn rope scaling extends the context past 2^31 tokens", path);
+    config.max_position = std::max<int64_t>(config.max_position, static_cast<int64_t>(extended));
   } else {
     fail("config '{}': unsupported rope_scaling type '{}' (supported: linear, llama3, yarn)", path,
          type);
   }
+}
+
+void parse_rope(const ConfigFields& fields, ModelConfig& config) {
+  // transformers >= 5 nests theta and scaling in "rope_parameters"; older configs use
+  // "rope_theta" and "rope_scaling" at the top level.
+  const Json* scaling = fields.find("rope_scaling");
+  if (!scaling) scaling = fields.find("rope_parameters");
+  double theta = 10000.0;
+  if (scaling && scaling->is_object()) {
+    if (const Json* t = fields.find(*scaling, "rope_theta")) theta = fields.number(*t, "rope_theta");
+  }
+  config.rope.theta = static_cast<float>(fields.optional_number("rope_theta", theta));
+  config.rope.neox = true;  // HF's rotate_half layout
+  if (!scaling) return;
+  SPIN_CHECK(scaling->is_object(), "config '{}': rope_scaling must be an object or null", fields.path());
+  apply_rope_scaling(fields, *scaling, config);
 }
 
 int32_t parse_token_id(const ConfigFields& fields, const char* key) {
@@ -405,6 +417,27 @@ ModelConfig config_from_hf_file(const std::string& config_json_path) {
     fail("config '{}': {}", config_json_path, e.what());
   }
   return c;
+}
+
+void override_rope_scaling(ModelConfig& config, const std::string& rope_scaling_json) {
+  constexpr const char* kSource = "--rope-scaling";
+  Json json;
+  try {
+    json = Json::parse(rope_scaling_json);
+  } catch (const Json::exception& e) {
+    fail("{} is not valid JSON: {}", kSource, e.what());
+  }
+  SPIN_CHECK(json.is_object(), "{} must be a JSON object such as '{{\"rope_type\":\"yarn\",\"factor\":4.0,"
+             "\"original_max_position_embeddings\":32768}}', got {}", kSource, json.dump());
+  // The model's own scaling is replaced whole; its base frequency and layout stay. A bad value
+  // leaves config as it was.
+  ModelConfig updated = config;
+  updated.rope = RopeConfig{};
+  updated.rope.theta = config.rope.theta;
+  updated.rope.neox = config.rope.neox;
+  apply_rope_scaling(ConfigFields(json, kSource), json, updated);
+  updated.validate();
+  config = updated;
 }
 
 ModelWeights load_hf_weights(const std::string& dir) {

@@ -127,9 +127,7 @@ LoadedModel load_dummy(const std::string& model, uint64_t seed, bool weights_on_
   return m;
 }
 
-}  // namespace
-
-LoadedModel load_model(const LoadOptions& options) {
+LoadedModel load_as_stored(const LoadOptions& options) {
   const std::string& model = options.model;
   const std::string& format = options.load_format;
   SPIN_CHECK(!model.empty(), "no model given (--model)");
@@ -151,6 +149,14 @@ LoadedModel load_model(const LoadOptions& options) {
   fail("cannot tell the format of '{}': expected a .gguf file or a HF model directory with "
        "config.json (or pass --load-format)",
        model);
+}
+
+}  // namespace
+
+LoadedModel load_model(const LoadOptions& options) {
+  LoadedModel m = load_as_stored(options);
+  if (!options.rope_scaling.empty()) override_rope_scaling(m.weights.config, options.rope_scaling);
+  return m;
 }
 
 }  // namespace spin

@@ -19,6 +19,9 @@ struct LoadOptions {
   // false: a dummy load returns the config (and tokenizer) with no weights; a GPU backend makes
   // them on the device instead of in host memory.
   bool dummy_weights_on_host = true;
+  // --rope-scaling: a rope_scaling object in HF's config.json format that replaces the model's
+  // own (e.g. YaRN for Qwen3 past 32K); empty keeps the model's.
+  std::string rope_scaling;
 };
 
 struct LoadedModel {
@@ -37,6 +40,10 @@ ModelWeights load_gguf_weights(const GgufFile& gguf);
 // model.safetensors.index.json.
 ModelConfig config_from_hf_file(const std::string& config_json_path);
 ModelWeights load_hf_weights(const std::string& dir);
+// Replaces config.rope's scaling by a rope_scaling JSON object (HF's format: linear, llama3 or
+// yarn); YaRN also extends max_position to original_max_position_embeddings x factor. Throws
+// spin::Error naming --rope-scaling for bad JSON or fields.
+void override_rope_scaling(ModelConfig& config, const std::string& rope_scaling_json);
 
 // Dummy weights (model/dummy_model.cpp): named presets (llama-3.1-8b, qwen3-8b, qwen3-14b,
 // qwen3-32b, llama-3.1-70b, tiny-llama, tiny-qwen3) and random weights for a config.

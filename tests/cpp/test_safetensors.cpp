@@ -486,6 +486,77 @@ TEST(HfConfig, BadRopeScaling) {
   expect_config_error(j, {"original_max_position_embeddings", "positive integer"});
 }
 
+TEST(HfConfig, YarnExtendsTheContextToOriginalTimesFactor) {
+  Json j = llama_config();
+  j["max_position_embeddings"] = 40960;
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  EXPECT_EQ(config_of(j).max_position, 131072);  // Qwen3's documented 128K setting
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  EXPECT_EQ(config_of(j).max_position, 81920);  // original defaults to max_position_embeddings
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 1.0}, {"original_max_position_embeddings", 1024}};
+  EXPECT_EQ(config_of(j).max_position, 40960);  // never shortened
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  EXPECT_EQ(config_of(j).max_position, 40960);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 0.5}};
+  expect_config_error(j, {"yarn", "factor >= 1"});
+}
+
+void expect_override_error(const std::string& value, const std::vector<std::string>& fragments) {
+  ModelConfig c = preset_config("qwen3-14b");
+  const ModelConfig before = c;
+  expect_error([&] { override_rope_scaling(c, value); }, fragments);
+  EXPECT_EQ(c.rope.scaling, before.rope.scaling) << value;  // untouched by a bad value
+  EXPECT_EQ(c.max_position, before.max_position) << value;
+}
+
+TEST(RopeScalingOverride, MatchesTheSameScalingInConfigJson) {
+  const Json scaling = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 2048},
+                        {"beta_fast", 16.0}, {"attention_factor", 1.2}};
+  ModelConfig overridden = config_of(llama_config());
+  override_rope_scaling(overridden, scaling.dump());
+  Json j = llama_config();
+  j["rope_scaling"] = scaling;
+  const ModelConfig in_file = config_of(j);
+  EXPECT_EQ(overridden.rope.scaling, RopeScaling::Yarn);
+  EXPECT_EQ(overridden.rope.scaling, in_file.rope.scaling);
+  EXPECT_FLOAT_EQ(overridden.rope.theta, in_file.rope.theta);
+  EXPECT_FLOAT_EQ(overridden.rope.factor, in_file.rope.factor);
+  EXPECT_EQ(overridden.rope.original_max_position, in_file.rope.original_max_position);
+  EXPECT_FLOAT_EQ(overridden.rope.yarn_beta_fast, in_file.rope.yarn_beta_fast);
+  EXPECT_FLOAT_EQ(overridden.rope.yarn_beta_slow, in_file.rope.yarn_beta_slow);
+  EXPECT_FLOAT_EQ(overridden.rope.yarn_attn_factor, in_file.rope.yarn_attn_factor);
+  EXPECT_EQ(overridden.max_position, 8192);
+  EXPECT_EQ(overridden.max_position, in_file.max_position);
+}
+
+TEST(RopeScalingOverride, ReplacesThePresetsScaling) {
+  ModelConfig qwen = preset_config("qwen3-14b");
+  const float theta = qwen.rope.theta;
+  override_rope_scaling(qwen, R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768})");
+  EXPECT_EQ(qwen.rope.scaling, RopeScaling::Yarn);
+  EXPECT_EQ(qwen.max_position, 131072);
+  EXPECT_FLOAT_EQ(qwen.rope.theta, theta);
+  EXPECT_TRUE(qwen.rope.neox);
+
+  ModelConfig llama = preset_config("llama-3.1-8b");  // Llama 3 scaling of its own
+  ASSERT_EQ(llama.rope.scaling, RopeScaling::Llama3);
+  override_rope_scaling(llama, R"({"rope_type":"default"})");
+  EXPECT_EQ(llama.rope.scaling, RopeScaling::None);
+  EXPECT_FLOAT_EQ(llama.rope.factor, 1.0f);
+  EXPECT_EQ(llama.max_position, 131072);
+}
+
+TEST(RopeScalingOverride, BadValues) {
+  expect_override_error("yarn", {"--rope-scaling", "not valid JSON"});
+  expect_override_error("[4]", {"--rope-scaling", "JSON object"});
+  expect_override_error(R"({"rope_type":"dynamic","factor":2})", {"--rope-scaling", "unsupported rope_scaling type"});
+  expect_override_error(R"({"rope_type":"yarn"})", {"--rope-scaling", "needs 'factor'"});
+  expect_override_error(R"({"rope_type":"yarn","factor":"4"})", {"--rope-scaling", "factor", "number"});
+  expect_override_error(R"({"rope_type":"yarn","factor":0.25})", {"--rope-scaling", "factor >= 1"});
+  expect_override_error(R"({"rope_type":"yarn","factor":1e9,"original_max_position_embeddings":32768})",
+                        {"--rope-scaling", "2^31"});
+}
+
 TEST(HfConfig, BadFields) {
   for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                           "num_attention_heads"}) {

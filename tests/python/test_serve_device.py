@@ -212,3 +212,18 @@ def test_bad_seer_gate_ends_the_process(tmp_path):
                           (wrong_shape, "layers.0.seer.k_gate")]:
         expect_startup_error(["--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--seer-gate", gate],
                              message)
+
+
+def test_rope_scaling_extends_the_served_context():
+    # tiny-qwen3 is made for 4096 positions; YaRN with factor 4 is made for 4 x that, so the longer
+    # --max-model-len is refused without it and served with it.
+    model = ["--model", "tiny-qwen3", "--load-format", "dummy", "--device", "cpu", "--max-model-len", "16384"]
+    expect_startup_error(model, "exceeds the model's context length 4096")
+    expect_startup_error([*model, "--rope-scaling", "yarn"], "--rope-scaling is not valid JSON")
+    expect_startup_error([*model, "--rope-scaling", '{"rope_type": "yarn", "factor": 0.5}'], "factor >= 1")
+    proc, port = start(*model, "--rope-scaling", '{"rope_type": "yarn", "factor": 4.0}')
+    assert wait_healthy_or_exit(proc, port), proc.communicate()[1]
+    status, body = get(port, "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["max_model_len"] == 16384
+    err = stop(proc)
+    assert proc.returncode == 0, err
