@@ -2,6 +2,8 @@
 // config whose weights are made up.
 #include "model/loader.h"
 
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -155,7 +157,11 @@ LoadedModel load_as_stored(const LoadOptions& options) {
 
 LoadedModel load_model(const LoadOptions& options) {
   LoadedModel m = load_as_stored(options);
-  if (!options.rope_scaling.empty()) override_rope_scaling(m.weights.config, options.rope_scaling);
+  if (!options.rope_scaling.empty()) {
+    override_rope_scaling(m.weights.config, options.rope_scaling);
+    spdlog::info("RoPE scaling from --rope-scaling {}: context {} tokens", options.rope_scaling,
+                 m.weights.config.max_position);
+  }
   return m;
 }
 

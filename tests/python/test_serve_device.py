@@ -227,3 +227,4 @@ def test_rope_scaling_extends_the_served_context():
     assert status == 200 and json.loads(body)["data"][0]["max_model_len"] == 16384
     err = stop(proc)
     assert proc.returncode == 0, err
+    assert "RoPE scaling from --rope-scaling" in err and "context 16384 tokens" in err, err
