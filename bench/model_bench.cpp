@@ -120,11 +120,17 @@ double read_bandwidth(size_t bytes, int repeats) {
   return median(rates);
 }
 
+spin::LoadOptions load_options(const BenchArgs& a) {
+  spin::LoadOptions load;
+  load.model = a.model;
+  load.load_format = a.load_format;
+  load.rope_scaling = a.rope_scaling;
+  return load;
+}
+
 void run_cpu(const BenchArgs& a) {
   spin::cpu::set_num_threads(a.threads);
-  spin::LoadOptions load{a.model, a.load_format, 0};
-  load.rope_scaling = a.rope_scaling;
-  spin::LoadedModel model = spin::load_model(load);
+  spin::LoadedModel model = spin::load_model(load_options(a));
   const spin::ModelConfig& c = model.weights.config;
   spin::Transformer transformer(model.weights);
   std::mt19937 rng(7);
@@ -333,9 +339,8 @@ int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
 int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_tokens * (a.repeats + 2); }
 
 void run_cuda(const BenchArgs& a) {
-  spin::LoadOptions load{a.model, a.load_format, 0};
+  spin::LoadOptions load = load_options(a);
   load.dummy_weights_on_host = false;
-  load.rope_scaling = a.rope_scaling;
   spin::LoadedModel loaded = spin::load_model(load);
   const spin::ModelConfig c = loaded.weights.config;
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());

@@ -25,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -52,6 +53,7 @@ struct BenchArgs {
   double range_ratio = 0.0;
   double length_scale = 1.0;
   std::optional<double> output_length_scale;  // outputs only; unset: length_scale
+  double output_scale() const { return output_length_scale.value_or(length_scale); }
   std::string token_ids = "256:10000";
   uint64_t seed = 0;
   std::vector<std::string> goodput;
@@ -73,7 +75,7 @@ std::vector<Workload> make_workload(const BenchArgs& a, std::mt19937_64& rng) {
     return [scale](double tokens) { return std::max<int64_t>(1, std::llround(tokens * scale)); };
   };
   const auto scaled = scale_by(a.length_scale);
-  const auto scaled_output = scale_by(a.output_length_scale.value_or(a.length_scale));
+  const auto scaled_output = scale_by(a.output_scale());
   auto uniform = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
   for (Workload& w : out) {
     if (a.dataset == "random") {
@@ -441,13 +443,9 @@ void run_bench(const BenchArgs& a) {
   SPIN_CHECK(a.input_len > 0 && a.output_len > 0, "--input-len and --output-len must be positive");
   SPIN_CHECK(std::isfinite(a.range_ratio) && a.range_ratio >= 0 && a.range_ratio < 1,
              "--range-ratio must be in [0, 1), got {}", a.range_ratio);
-  SPIN_CHECK(std::isfinite(a.length_scale) && a.length_scale > 0 && a.length_scale <= 100,
-             "--length-scale must be in (0, 100], got {}", a.length_scale);
-  if (a.output_length_scale) {
-    const double scale = *a.output_length_scale;
-    SPIN_CHECK(std::isfinite(scale) && scale > 0 && scale <= 100, "--output-length-scale must be in (0, 100], got {}",
-               scale);
-  }
+  for (const auto& [flag, scale] :
+       {std::pair{"--length-scale", a.length_scale}, std::pair{"--output-length-scale", a.output_scale()}})
+    SPIN_CHECK(std::isfinite(scale) && scale > 0 && scale <= 100, "{} must be in (0, 100], got {}", flag, scale);
   SPIN_CHECK(std::isfinite(a.timeout_s) && a.timeout_s > 0, "--timeout must be positive");
   std::vector<double> rates;
   for (const std::string& s : a.request_rates) rates.push_back(parse_rate(s));
@@ -508,8 +506,8 @@ void run_bench(const BenchArgs& a) {
   if (!a.json_out.empty()) {
     json doc{{"base_url", a.base_url}, {"model", model}, {"endpoint", a.endpoint}, {"dataset", a.dataset},
              {"input_len", a.input_len}, {"output_len", a.output_len}, {"range_ratio", a.range_ratio},
-             {"length_scale", a.length_scale},
-             {"output_length_scale", a.output_length_scale.value_or(a.length_scale)}, {"seed", a.seed}, {"extra_body", extra}, {"runs", runs}};
+             {"length_scale", a.length_scale}, {"output_length_scale", a.output_scale()}, {"seed", a.seed},
+             {"extra_body", extra}, {"runs", runs}};
     std::ofstream f(a.json_out);
     SPIN_CHECK(f.good(), "cannot write {}", a.json_out);
     f << doc.dump(2) << "\n";

@@ -151,15 +151,14 @@ float yarn_default_mscale(float factor) {
 
 // Applies a rope_scaling object (HF's format) to config.rope. YaRN also extends max_position to
 // original_max_position_embeddings x factor, the context it was made for (as vLLM derives it).
-void apply_rope_scaling(const ConfigFields& fields, const Json& scaling_object, ModelConfig& config) {
+void apply_rope_scaling(const ConfigFields& fields, const Json& scaling, ModelConfig& config) {
   const std::string& path = fields.path();
-  const Json* scaling = &scaling_object;
 
-  const Json* type_json = fields.find(*scaling, "rope_type");
-  if (!type_json) type_json = fields.find(*scaling, "type");
+  const Json* type_json = fields.find(scaling, "rope_type");
+  if (!type_json) type_json = fields.find(scaling, "type");
   if (!type_json) {
     // A rope_parameters block holding only rope_theta is plain RoPE.
-    SPIN_CHECK(fields.find(*scaling, "factor") == nullptr,
+    SPIN_CHECK(fields.find(scaling, "factor") == nullptr,
                "config '{}': rope_scaling has a factor but no rope_type", path);
     return;
   }
@@ -167,12 +166,12 @@ void apply_rope_scaling(const ConfigFields& fields, const Json& scaling_object, 
   const std::string type = type_json->get<std::string>();
 
   auto required = [&](const char* key) {
-    const Json* v = fields.find(*scaling, key);
+    const Json* v = fields.find(scaling, key);
     SPIN_CHECK(v != nullptr, "config '{}': rope_scaling of type '{}' needs '{}'", path, type, key);
     return fields.number(*v, key);
   };
   auto optional = [&](const char* key, double fallback) {
-    const Json* v = fields.find(*scaling, key);
+    const Json* v = fields.find(scaling, key);
     return v ? fields.number(*v, key) : fallback;
   };
   auto position = [&](double v, const char* key) {
@@ -200,6 +199,7 @@ void apply_rope_scaling(const ConfigFields& fields, const Json& scaling_object, 
   } else if (type == "yarn") {
     rope.scaling = RopeScaling::Yarn;
     rope.factor = static_cast<float>(required("factor"));
+    SPIN_CHECK(rope.factor >= 1.0f, "config '{}': yarn rope scaling needs a factor >= 1, got {}", path, rope.factor);
     rope.original_max_position =
         position(optional("original_max_position_embeddings",
                           static_cast<double>(config.max_position)),
@@ -207,12 +207,10 @@ void apply_rope_scaling(const ConfigFields& fields, const Json& scaling_object, 
     rope.yarn_beta_fast = static_cast<float>(optional("beta_fast", 32.0));
     rope.yarn_beta_slow = static_cast<float>(optional("beta_slow", 1.0));
     // HF's attention_factor replaces the default mscale; RopeConfig keeps a multiplier on it.
-    if (const Json* a = fields.find(*scaling, "attention_factor")) {
-      SPIN_CHECK(rope.factor > 0.0f, "config '{}': rope scaling factor must be positive", path);
+    if (const Json* a = fields.find(scaling, "attention_factor")) {
       rope.yarn_attn_factor = static_cast<float>(fields.number(*a, "attention_factor")) /
                               yarn_default_mscale(rope.factor);
     }
-    SPIN_CHECK(rope.factor >= 1.0f, "config '{}': yarn rope scaling needs a factor >= 1, got {}", path, rope.factor);
     const double extended = static_cast<double>(rope.original_max_position) * rope.factor;
     SPIN_CHECK(extended <= std::numeric_limits<int32_t>::max(),
                "config '{}': yarn rope scaling extends the context past 2^31 tokens", path);

@@ -1,10 +1,11 @@
 #include "kernels/cuda/sampling.h"
-#include "kernels/cuda/launch.cuh"
 
 #include <cub/block/block_reduce.cuh>
 #include <curand_kernel.h>
 
 #include <climits>
+
+#include "kernels/cuda/launch.cuh"
 
 // How a row is sampled (one thread block per row, no workspace, no sort):
 //  * Every filter keeps a prefix of the row in the order (logit descending, index ascending), the
