@@ -48,6 +48,10 @@ constexpr uint32_t kNoGroup = std::numeric_limits<uint32_t>::max();
 constexpr int kProfileEvents = 6;
 // Blocks (so SMs) a swap's page copies may use; swaps happen between steps, so the GPU is idle.
 constexpr int kSwapCopyBlocks = 64;
+// RetroInfer's k-means takes as many KV heads per launch as their scratch fits in this (at least
+// one): each job's sort is one block, so a launch of one head's few segments leaves most SMs idle.
+// 384 MiB holds all 8 KV heads of a 32K-token prompt.
+constexpr size_t kClusterScratchBudget = size_t{384} << 20;
 // The algorithms that keep a request's KV in the host tier, by their registry names: Quest,
 // Seer's training-free gate, ShadowKV and RetroInfer (Index and Select as sparse/quest.cpp,
 // sparse/seer.cpp, sparse/shadowkv.cpp and sparse/retroinfer.cpp), and dense-offload (every page attended, those outside sinks and
@@ -312,14 +316,16 @@ class CudaKvStore final : public DeviceAttention {
   };
   // RetroInfer's k-means jobs of a step (kernels/cuda/retroinfer.h), one per (segment, KV head):
   // the pages of each (device ids, or ~host ids), its first logical page and KV head, and the
-  // decode row whose summary groups it writes. Kept per KV head: a head's jobs read and write only
-  // that head's pages, so the heads run one after another through one head's worth of scratch.
+  // decode row whose summary groups it writes. Kept per launch, a group of KV heads: a head's jobs
+  // read and write only that head's pages, so the launches run one after another through one
+  // launch's worth of scratch.
   struct ClusterJobs {
     std::vector<int32_t> page_ids, page_offsets{0}, first_page, head;
     std::vector<int64_t> row;
   };
   // Adds jobs for logical pages [first, end) of decode row `row`, in segments of segment_pages,
-  // reading page p of KV head h from id(p, h), to jobs[h].
+  // reading page p of KV head h from id(p, h), to the launch of h's group (jobs.size() launches
+  // of equal groups, the last one smaller).
   void add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                         const std::function<int32_t(int64_t, int64_t)>& id) const;
   // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
@@ -1129,14 +1135,16 @@ void CudaKvStore::upload_seer_gate(const sparse::SeerGate& gate, int64_t max_bat
 void CudaKvStore::add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                                    const std::function<int32_t(int64_t, int64_t)>& id) const {
   const int64_t segment_pages = retroinfer_segment_pages();
+  const auto launches = static_cast<int64_t>(jobs.size());
+  const int64_t group = (shape_.n_kv_heads + launches - 1) / launches;
   for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
-    ClusterJobs& head = jobs[static_cast<size_t>(h)];
+    ClusterJobs& launch = jobs[static_cast<size_t>(h / group)];
     for (int64_t f = first; f < end; f += segment_pages) {
-      for (int64_t p = f; p < std::min(end, f + segment_pages); ++p) head.page_ids.push_back(id(p, h));
-      head.page_offsets.push_back(static_cast<int32_t>(head.page_ids.size()));
-      head.first_page.push_back(static_cast<int32_t>(f));
-      head.head.push_back(static_cast<int32_t>(h));
-      head.row.push_back(row);
+      for (int64_t p = f; p < std::min(end, f + segment_pages); ++p) launch.page_ids.push_back(id(p, h));
+      launch.page_offsets.push_back(static_cast<int32_t>(launch.page_ids.size()));
+      launch.first_page.push_back(static_cast<int32_t>(f));
+      launch.head.push_back(static_cast<int32_t>(h));
+      launch.row.push_back(row);
     }
   }
 }
@@ -1402,11 +1410,16 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
              "attention step: {} rows for {} tokens", rows, n_tokens);
   SPIN_CHECK(rows == n_tokens || n_single == n_chunks,
              "attention step: padding rows are only allowed when every chunk has one token");
+  int64_t cluster_launches = 1;  // RetroInfer's k-means launches per layer, each for a group of KV heads
   if (cluster_pages > 0) {  // may throw: nothing changed yet
-    cluster_scratch_.reserve(cuda::retroinfer_cluster_scratch_bytes(cluster_pages, cluster_segments, static_cast<int>(ps),
-                                                                    static_cast<int>(shape_.head_dim),
-                                                                    static_cast<int>(retroinfer_slots_)),
-                             "RetroInfer k-means scratch");
+    const auto scratch = [&](int64_t group) {
+      return cuda::retroinfer_cluster_scratch_bytes(group * cluster_pages, group * cluster_segments,
+                                                    static_cast<int>(ps), static_cast<int>(shape_.head_dim),
+                                                    static_cast<int>(retroinfer_slots_));
+    };
+    const int64_t group = std::clamp<int64_t>(static_cast<int64_t>(kClusterScratchBudget / scratch(1)), 1, heads);
+    cluster_launches = (heads + group - 1) / group;
+    cluster_scratch_.reserve(scratch((heads + cluster_launches - 1) / cluster_launches), "RetroInfer k-means scratch");
   }
   {
     std::lock_guard lock(mutex_);  // throws before anything changed
@@ -1419,7 +1432,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   // Allocate: dense growth, sparse prefill growth, and each sparse decode's new page.
   IndexList quest_transitions, seer_transitions, shadowkv_transitions;
   std::vector<Factorisation> factorisations;
-  std::vector<ClusterJobs> cluster_jobs(static_cast<size_t>(heads));
+  std::vector<ClusterJobs> cluster_jobs(static_cast<size_t>(cluster_launches));
   for (size_t i = 0; i < chunks.size(); ++i) {
     CudaSequenceKv& kv = *seqs[i];
     SparseKv* sp = kv.sparse();
@@ -1569,11 +1582,11 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                 at_shadowkv_transition_dst = take(shadowkv_transitions_n),
                 at_shadowkv_transition_score = take(shadowkv_transitions_n);
   int64_t n_jobs = 0, n_job_pages = 0;
-  for (const ClusterJobs& head : cluster_jobs) {
-    n_jobs += static_cast<int64_t>(head.first_page.size());
-    n_job_pages += static_cast<int64_t>(head.page_ids.size());
+  for (const ClusterJobs& launch : cluster_jobs) {
+    n_jobs += static_cast<int64_t>(launch.first_page.size());
+    n_job_pages += static_cast<int64_t>(launch.page_ids.size());
   }
-  const int64_t at_job_pages = take(n_job_pages), at_job_page_offsets = take(n_jobs + heads),
+  const int64_t at_job_pages = take(n_job_pages), at_job_page_offsets = take(n_jobs + cluster_launches),
                 at_job_first = take(n_jobs), at_job_head = take(n_jobs), at_job_dir = take(n_jobs);
   SPIN_CHECK(total < std::numeric_limits<int32_t>::max(), "attention step: {} table entries", total);
 
@@ -1830,24 +1843,24 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     f.factor_at = t[at_factor_offsets + f.row];
   }
 
-  // RetroInfer's k-means jobs, one KV head after another; each head's page offsets start at 0.
-  struct HeadJobs {
+  // RetroInfer's k-means jobs, one launch after another; each launch's page offsets start at 0.
+  struct LaunchJobs {
     int64_t pages_at, offsets_at, jobs_at, pages, jobs;
   };
-  std::vector<HeadJobs> head_jobs;
+  std::vector<LaunchJobs> launch_jobs;
   {
     int64_t pages_at = 0, offsets_at = 0, jobs_at = 0;
-    for (const ClusterJobs& head : cluster_jobs) {
-      const auto jobs = static_cast<int64_t>(head.first_page.size());
-      const auto pages = static_cast<int64_t>(head.page_ids.size());
+    for (const ClusterJobs& launch : cluster_jobs) {
+      const auto jobs = static_cast<int64_t>(launch.first_page.size());
+      const auto pages = static_cast<int64_t>(launch.page_ids.size());
       if (jobs == 0) continue;
-      head_jobs.push_back({pages_at, offsets_at, jobs_at, pages, jobs});
-      std::copy(head.page_ids.begin(), head.page_ids.end(), t + at_job_pages + pages_at);
-      std::copy(head.page_offsets.begin(), head.page_offsets.end(), t + at_job_page_offsets + offsets_at);
-      std::copy(head.first_page.begin(), head.first_page.end(), t + at_job_first + jobs_at);
-      std::copy(head.head.begin(), head.head.end(), t + at_job_head + jobs_at);
+      launch_jobs.push_back({pages_at, offsets_at, jobs_at, pages, jobs});
+      std::copy(launch.page_ids.begin(), launch.page_ids.end(), t + at_job_pages + pages_at);
+      std::copy(launch.page_offsets.begin(), launch.page_offsets.end(), t + at_job_page_offsets + offsets_at);
+      std::copy(launch.first_page.begin(), launch.first_page.end(), t + at_job_first + jobs_at);
+      std::copy(launch.head.begin(), launch.head.end(), t + at_job_head + jobs_at);
       for (int64_t j = 0; j < jobs; ++j) {
-        t[at_job_dir + jobs_at + j] = t[at_factor_offsets + head.row[static_cast<size_t>(j)]];
+        t[at_job_dir + jobs_at + j] = t[at_factor_offsets + launch.row[static_cast<size_t>(j)]];
       }
       pages_at += pages;
       offsets_at += jobs + 1;
@@ -1998,21 +2011,21 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     }
     shadowkv_factorise(factorisations, d + at_shadowkv_transition_src, stream);
   }
-  // RetroInfer's k-means, a KV head at a time in every sparse layer (the check pass reserved the
-  // scratch of the largest head).
+  // RetroInfer's k-means, a group of KV heads at a time in every sparse layer (the check pass
+  // reserved the scratch of the largest group).
   for (int64_t l = dense_layers_; l < shape_.n_layers; ++l) {
-    for (const HeadJobs& head : head_jobs) {
+    for (const LaunchJobs& launch : launch_jobs) {
       cuda::RetroInferClusterParams c;
       c.records = retroinfer_records(l);
       c.host_pool = host_device_ + host_layer_offset(l);
-      c.page_ids = d + at_job_pages + head.pages_at;
-      c.page_offsets = d + at_job_page_offsets + head.offsets_at;
-      c.first_page = d + at_job_first + head.jobs_at;
-      c.head = d + at_job_head + head.jobs_at;
+      c.page_ids = d + at_job_pages + launch.pages_at;
+      c.page_offsets = d + at_job_page_offsets + launch.offsets_at;
+      c.first_page = d + at_job_first + launch.jobs_at;
+      c.head = d + at_job_head + launch.jobs_at;
       c.dir = d + at_factor_dir;
-      c.dir_offsets = d + at_job_dir + head.jobs_at;
-      c.num_jobs = static_cast<int>(head.jobs);
-      c.total_pages = static_cast<int>(head.pages);
+      c.dir_offsets = d + at_job_dir + launch.jobs_at;
+      c.num_jobs = static_cast<int>(launch.jobs);
+      c.total_pages = static_cast<int>(launch.pages);
       c.cluster_tokens = static_cast<int>(sparse::SparseSettings{}.retroinfer_cluster_tokens);
       c.scratch = cluster_scratch_.get();
       cuda_check(cuda::retroinfer_cluster(c, stream), "RetroInfer k-means");

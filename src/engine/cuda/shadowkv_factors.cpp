@@ -24,6 +24,7 @@ void solver_check(cusolverStatus_t status, const char* what) {
 ShadowKvFactorizer::ShadowKvFactorizer(int device) : device_(device) {
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   blas_check(cublasCreate(&blas_), "cuBLAS handle");
+  blas_check(cublasSetMathMode(blas_, CUBLAS_TF32_TENSOR_OP_MATH), "cuBLAS TF32 math");
   solver_check(cusolverDnCreate(&solver_), "cuSOLVER handle");
   solver_check(cusolverDnCreateParams(&params_), "cuSOLVER parameters");
 }
@@ -66,13 +67,13 @@ void ShadowKvFactorizer::factorize(std::span<const Layer> layers, cudaStream_t s
   };
   const int64_t pages = shape.num_pages;
   const float one = 1.0f, zero = 0.0f;
-  for (int64_t l = 0; l < n; ++l) {  // KᵀK, lower triangle
+  for (int64_t l = 0; l < n; ++l) {  // KᵀK
     for (int64_t first = 0; first < pages; first += chunk_pages) {
       const int64_t count = std::min<int64_t>(chunk_pages, pages - first);
       unrotate(layers[static_cast<size_t>(l)], first, count);
-      blas_check(cublasSsyrk(blas_, CUBLAS_FILL_MODE_LOWER, CUBLAS_OP_N, width,
-                             static_cast<int>(count * shape.page_size), &one, keys_.get(), width,
-                             first == 0 ? &zero : &one, gram_.get() + matrix * static_cast<size_t>(l), width),
+      blas_check(cublasSgemm(blas_, CUBLAS_OP_N, CUBLAS_OP_T, width, width, static_cast<int>(count * shape.page_size),
+                             &one, keys_.get(), width, keys_.get(), width, first == 0 ? &zero : &one,
+                             gram_.get() + matrix * static_cast<size_t>(l), width),
                  "shadowkv Gram matrix");
     }
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/per_device.h"
 
@@ -96,23 +97,11 @@ constexpr int kChunks = D / 8;  // 16-byte pieces per thread per tile (K and V, 
 template <int D>
 constexpr size_t kSmemBytes = static_cast<size_t>(kWarps) * kStages<D> * kChunks<D> * 32 * 16;
 
-// 16-byte global->shared copy that bypasses L1; src_bytes 0 writes zeros without reading.
-__device__ __forceinline__ void copy_async(uint32_t smem_addr, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
+// copy_async with the hint that L2 fetch the 256 bytes around it.
 __device__ __forceinline__ void copy_async_l2_256(uint32_t smem_addr, const void* gmem, int src_bytes) {
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr),
                "l"(gmem), "r"(src_bytes)
                : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int Pending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {

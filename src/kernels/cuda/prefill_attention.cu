@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/per_device.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -44,19 +45,6 @@ struct Config {
   static constexpr bool kQInRegisters = kRowFrags == 1;
   static constexpr int kMinBlocks = kRowFrags == 2 ? 2 : 1;
 };
-
-__device__ __forceinline__ void copy_async(uint32_t smem_addr, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void copy_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int Pending>
-__device__ __forceinline__ void copy_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

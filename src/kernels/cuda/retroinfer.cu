@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cuda/block_softmax.cuh"
+#include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -223,16 +224,17 @@ __global__ void __launch_bounds__(kThreads) retro_centre_kernel(RetroInferCluste
 }
 
 // Block (128 tokens, job): each token's nearest centroid by inner product (ties: the lower one),
-// on tensor cores: the block's centred keys and 128 centroids at a time in shared memory (bf16);
-// warp w multiplies its 16 tokens by them (mma m16n8k16, fp32 sums) and takes each row's best
-// straight from the accumulators: a lane's columns of a row, then the row's quad of lanes.
+// on tensor cores: the block's centred keys and 128 centroids at a time in shared memory (bf16),
+// the next 128 copied in (cp.async) while these are multiplied; warp w multiplies its 16 tokens by
+// them (mma m16n8k16, fp32 sums) and takes each row's best straight from the accumulators: a
+// lane's columns of a row, then the row's quad of lanes.
 constexpr int kAssignRows = 128;
 constexpr int kAssignCols = 128;
 template <int D>
 constexpr int assign_ld() { return D + 8; }  // bf16 row stride in shared memory: ldmatrix conflict-free
 template <int D>
 constexpr size_t assign_shared_bytes() {
-  return (size_t{kAssignRows} + kAssignCols) * assign_ld<D>() * sizeof(bf16);
+  return (size_t{kAssignRows} + 2 * kAssignCols) * assign_ld<D>() * sizeof(bf16);
 }
 
 // The better of (v, j) and (ov, oj): the larger value, the lower index on a tie.
@@ -240,41 +242,51 @@ __device__ __forceinline__ void keep_best(float& v, int& j, float ov, int oj) {
   if (ov > v || (ov == v && oj < j)) v = ov, j = oj;
 }
 
+// Rows [0, count) of src (D bf16 each) into shared memory at `to` (row stride ld), zeros up to
+// `rows`, by the block's threads.
+template <int D>
+__device__ __forceinline__ void copy_rows_async(uint32_t to, const bf16* src, int count, int rows) {
+  constexpr int kVectors = D / 8;  // 16-byte vectors per row
+  for (int i = threadIdx.x; i < rows * kVectors; i += kThreads) {
+    const int row = i / kVectors, v = i % kVectors;
+    const bool real = row < count;
+    copy_async(to + static_cast<uint32_t>((row * assign_ld<D>() + v * 8) * sizeof(bf16)),
+               src + (real ? int64_t{row} * D + v * 8 : 0), real ? 16 : 0);
+  }
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) retro_assign_kernel(RetroInferClusterParams p, ClusterScratch s) {
   enter_dependent_grid();
   extern __shared__ __align__(128) unsigned char shared[];
   constexpr int ld = assign_ld<D>();
-  bf16* xs = reinterpret_cast<bf16*>(shared);
-  bf16* cs = xs + kAssignRows * ld;
+  constexpr uint32_t kTileBytes = kAssignCols * ld * sizeof(bf16);
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
   const int t0 = blockIdx.x * kAssignRows;
   if (t0 >= js.n) return;  // whole block
   const int rows = min(kAssignRows, js.n - t0);
-  const bf16* x = s.x16 + (js.token0 + t0) * D;
   const bf16* c = s.centroids16 + js.cluster0 * D;
-  constexpr int kVectors = D / 8;  // 16-byte vectors per row
-  for (int i = threadIdx.x; i < kAssignRows * kVectors; i += kThreads) {
-    const int row = i / kVectors, v = i % kVectors;
-    const uint4 value = row < rows ? reinterpret_cast<const uint4*>(x + int64_t{row} * D)[v] : make_uint4(0, 0, 0, 0);
-    reinterpret_cast<uint4*>(xs + row * ld)[v] = value;
-  }
+  const auto xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  const uint32_t cs_addr = xs_addr + kAssignRows * ld * sizeof(bf16);  // two tiles of centroids
+  copy_rows_async<D>(xs_addr, s.x16 + (js.token0 + t0) * D, rows, kAssignRows);
+  copy_rows_async<D>(cs_addr, c, min(kAssignCols, js.k), kAssignCols);
+  copy_async_commit();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const auto xs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(xs));
-  const auto cs_addr = static_cast<uint32_t>(__cvta_generic_to_shared(cs));
   float best[2] = {-INFINITY, -INFINITY};  // rows warp * 16 + lane / 4 and + 8
   int best_j[2] = {0, 0};
-  for (int j0 = 0; j0 < js.k; j0 += kAssignCols) {
+  for (int j0 = 0, tile = 0; j0 < js.k; j0 += kAssignCols, tile ^= 1) {
     const int cols = min(kAssignCols, js.k - j0);
-    __syncthreads();  // the previous tile's centroids are no longer read
-    for (int i = threadIdx.x; i < kAssignCols * kVectors; i += kThreads) {
-      const int row = i / kVectors, v = i % kVectors;
-      const uint4 value =
-          row < cols ? reinterpret_cast<const uint4*>(c + int64_t{j0 + row} * D)[v] : make_uint4(0, 0, 0, 0);
-      reinterpret_cast<uint4*>(cs + row * ld)[v] = value;
+    if (j0 + kAssignCols < js.k) {  // the next tile into the other buffer, read two tiles ago
+      copy_rows_async<D>(cs_addr + (tile ^ 1) * kTileBytes, c + int64_t{j0 + kAssignCols} * D,
+                         min(kAssignCols, js.k - j0 - kAssignCols), kAssignCols);
+      copy_async_commit();
+      copy_async_wait<1>();
+    } else {
+      copy_async_wait<0>();
     }
-    __syncthreads();
+    __syncthreads();  // this tile (and the keys) landed for every thread
+    const uint32_t tile_addr = cs_addr + tile * kTileBytes;
     float acc[kAssignCols / 8][4] = {};
 #pragma unroll
     for (int k0 = 0; k0 < D; k0 += 16) {
@@ -283,11 +295,12 @@ __global__ void __launch_bounds__(kThreads, 2) retro_assign_kernel(RetroInferClu
 #pragma unroll
       for (int nb = 0; nb < kAssignCols / 16; ++nb) {
         uint32_t b[4];
-        ldmatrix_x4(b, cs_addr + ((nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8) * 2);
+        ldmatrix_x4(b, tile_addr + ((nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + ((lane >> 3) & 1) * 8) * 2);
         mma_bf16(acc[2 * nb], a, b[0], b[1]);
         mma_bf16(acc[2 * nb + 1], a, b[2], b[3]);
       }
     }
+    __syncthreads();  // every warp read this tile before the next iteration copies over it
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float v = -INFINITY;
@@ -355,8 +368,24 @@ __global__ void __launch_bounds__(kThreads) retro_sort_kernel(RetroInferClusterP
 
 }
 
+// visit(t) for the token t of each member entry [start, end) of a job's sorted list, in entry
+// order, by a whole warp. The lanes read 32 entries at once and each visit's token comes by
+// shuffle, so the loads of consecutive visits overlap: the clusters of random keys are uneven, and
+// a warp summing a cluster of thousands one dependent load after another took 170 µs a launch.
+template <typename Visit>
+__device__ __forceinline__ void for_each_member(const uint32_t* sorted, int start, int end, Visit visit) {
+  const int lane = threadIdx.x % 32;
+  for (int m0 = start; m0 < end; m0 += 32) {
+    const int count = min(32, end - m0);
+    const uint32_t entry = lane < count ? sorted[m0 + lane] & ((1u << kTokenBits) - 1) : 0;
+#pragma unroll 8
+    for (int i = 0; i < count; ++i) visit(int64_t{__shfl_sync(kFull, entry, i)});
+  }
+}
+
 // Block (8 clusters, job), a warp per cluster: its new centroid, the mean of its members' centred
 // keys summed in token order (an empty cluster keeps its own).
+template <int D>
 __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferClusterParams p, ClusterScratch s) {
   enter_dependent_grid();
   const int job = blockIdx.y;
@@ -365,17 +394,15 @@ __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferCluste
   if (j >= js.k) return;
   const int start = s.start[js.cluster0 + j], size = s.size[js.cluster0 + j];
   if (size == 0) return;
-  const int D = p.records.head_dim;
   const float* x = s.x + js.token0 * D;
-  const uint32_t* sorted = s.sorted + js.token0;
-  float sum[4] = {};
-#pragma unroll 4
-  for (int m = start; m < start + size; ++m) {
-    const int64_t t = sorted[m] & ((1u << kTokenBits) - 1);
+  float sum[D / 32] = {};
+  for_each_member(s.sorted + js.token0, start, start + size, [&](int64_t t) {
+#pragma unroll
     for (int e = 0; e < D / 32; ++e) sum[e] += x[t * D + lane + 32 * e];
-  }
+  });
   float* c = s.centroids + (js.cluster0 + j) * D;
   bf16* c16 = s.centroids16 + (js.cluster0 + j) * D;
+#pragma unroll
   for (int e = 0; e < D / 32; ++e) {
     c[lane + 32 * e] = sum[e] / static_cast<float>(size);
     c16[lane + 32 * e] = __float2bfloat16(c[lane + 32 * e]);
@@ -384,6 +411,7 @@ __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferCluste
 
 // Block (8 slots, job), a warp per slot of the segment: its start and size (an empty one past k,
 // or with no member, gets size 0), value sum and centroid (the mean stored key).
+template <int D>
 __global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClusterParams p, ClusterScratch s) {
   enter_dependent_grid();
   const int job = blockIdx.y;
@@ -403,20 +431,18 @@ __global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClust
     rec.size(sj) = size;
   }
   if (size == 0) return;
-  const int D = r.head_dim;
   const float* x = s.x + js.token0 * D;
   const float* values = s.values + js.token0 * D;
   const float* mean = s.mean + int64_t{job} * D;
-  const uint32_t* sorted = s.sorted + js.token0;
-  float key_sum[4] = {}, value_sum[4] = {};
-#pragma unroll 4
-  for (int m = start; m < start + size; ++m) {
-    const int64_t t = sorted[m] & ((1u << kTokenBits) - 1);
+  float key_sum[D / 32] = {}, value_sum[D / 32] = {};
+  for_each_member(s.sorted + js.token0, start, start + size, [&](int64_t t) {
+#pragma unroll
     for (int e = 0; e < D / 32; ++e) {
       key_sum[e] += x[t * D + lane + 32 * e];
       value_sum[e] += values[t * D + lane + 32 * e];
     }
-  }
+  });
+#pragma unroll
   for (int e = 0; e < D / 32; ++e) {
     const int d = lane + 32 * e;
     rec.value_sum(sj)[d] = value_sum[e];
@@ -787,6 +813,7 @@ cudaError_t retroinfer_cluster(const RetroInferClusterParams& p, cudaStream_t st
   const auto jobs = static_cast<unsigned>(p.num_jobs);
   const bool wide = p.records.head_dim == 128;
   const auto assign = wide ? retro_assign_kernel<128> : retro_assign_kernel<64>;
+  const auto update = wide ? retro_update_kernel<128> : retro_update_kernel<64>;
   const auto shared = static_cast<int>(wide ? assign_shared_bytes<128>() : assign_shared_bytes<64>());
   const cudaError_t e = cudaFuncSetAttribute(assign, cudaFuncAttributeMaxDynamicSharedMemorySize, shared);
   if (e != cudaSuccess) return e;
@@ -798,11 +825,11 @@ cudaError_t retroinfer_cluster(const RetroInferClusterParams& p, cudaStream_t st
   for (int it = 0; it < p.iterations; ++it) {
     launch(assign, assign_grid, kThreads, shared, stream, p, s);
     launch(retro_sort_kernel, jobs, kThreads, 0, stream, p, s);
-    if (it < p.iterations - 1) launch(retro_update_kernel, cluster_grid, kThreads, 0, stream, p, s);
+    if (it < p.iterations - 1) launch(update, cluster_grid, kThreads, 0, stream, p, s);
   }
   // Slots per job: pages * slots <= kRetroInferMaxSegmentTokens / page_size * slots.
   const dim3 slot_grid((kRetroInferMaxSegmentTokens / p.records.page_size * p.records.slots + kWarps - 1) / kWarps, jobs);
-  launch(retro_records_kernel, slot_grid, kThreads, 0, stream, p, s);
+  launch(wide ? retro_records_kernel<128> : retro_records_kernel<64>, slot_grid, kThreads, 0, stream, p, s);
   launch(retro_members_kernel, chunks, kThreads, 0, stream, p, s);
   return cudaGetLastError();
 }
