@@ -15,9 +15,10 @@
 // fp32 scratch, then centre the keys (the mean from the blocks' partial sums, added in one order);
 // each k-means round is an assignment kernel (tensor cores over the bf16-rounded centred keys and
 // centroids, fp32 sums), a sort kernel (one block radix-sorts the job's (cluster, token) keys, so
-// each cluster's members are contiguous and in token order) and a warp per cluster summing its
-// members in that order (no atomics: the same inputs always give the same centroids). After the
-// last round's sort, a warp per slot writes the records' sums and a thread per token its entries.
+// each cluster's members are contiguous and in token order) and a block per 8 clusters summing
+// each one's members, its warps over contiguous shares added in warp order (no atomics: the same
+// inputs always give the same centroids). After the last round's sort, a block per 8 slots writes
+// the records' sums the same way and a thread per token its entries.
 //
 // Select: blocks of (256 cluster slots, item) for the logits and their per-block (max, sum of
 // exp), then the totals; blocks of (256 pages, item) for the page scores. The zone: blocks of
@@ -370,8 +371,7 @@ __global__ void __launch_bounds__(kThreads) retro_sort_kernel(RetroInferClusterP
 
 // visit(t) for the token t of each member entry [start, end) of a job's sorted list, in entry
 // order, by a whole warp. The lanes read 32 entries at once and each visit's token comes by
-// shuffle, so the loads of consecutive visits overlap: the clusters of random keys are uneven, and
-// a warp summing a cluster of thousands one dependent load after another took 170 µs a launch.
+// shuffle, so the loads of consecutive visits overlap.
 template <typename Visit>
 __device__ __forceinline__ void for_each_member(const uint32_t* sorted, int start, int end, Visit visit) {
   const int lane = threadIdx.x % 32;
@@ -383,70 +383,86 @@ __device__ __forceinline__ void for_each_member(const uint32_t* sorted, int star
   }
 }
 
-// Block (8 clusters, job), a warp per cluster: its new centroid, the mean of its members' centred
-// keys summed in token order (an empty cluster keeps its own).
+// The sum of rows[t] (D floats each) over the tokens of member entries [start, start + size), by
+// the whole block, for thread d < D (dimension d). Each warp sums a contiguous share of the
+// entries in order (lanes over dimensions), then the shares are added in warp order: the same
+// inputs always give the same sum. Clusters can be uneven (on random keys every other round puts
+// 350-480 of 8192 tokens in one), and one warp summing the largest cluster alone bounded the
+// launch. Every thread calls it with the same arguments; `partial` is the block's scratch.
+template <int D>
+__device__ float block_member_sum(const float* rows, const uint32_t* sorted, int start, int size,
+                                  float (&partial)[kWarps][D]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int share = (size + kWarps - 1) / kWarps;
+  float sum[D / 32] = {};
+  for_each_member(sorted, start + min(size, warp * share), start + min(size, (warp + 1) * share), [&](int64_t t) {
+#pragma unroll
+    for (int e = 0; e < D / 32; ++e) sum[e] += rows[t * D + lane + 32 * e];
+  });
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) partial[warp][lane + 32 * e] = sum[e];
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x < D) {
+    for (int w = 0; w < kWarps; ++w) total += partial[w][threadIdx.x];
+  }
+  __syncthreads();  // partial is free for the next sum
+  return total;
+}
+
+// Block (8 clusters, job), the clusters one after another: each new centroid, the mean of its
+// members' centred keys (an empty cluster keeps its own).
 template <int D>
 __global__ void __launch_bounds__(kThreads) retro_update_kernel(RetroInferClusterParams p, ClusterScratch s) {
   enter_dependent_grid();
+  __shared__ float partial[kWarps][D];
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
-  const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (j >= js.k) return;
-  const int start = s.start[js.cluster0 + j], size = s.size[js.cluster0 + j];
-  if (size == 0) return;
-  const float* x = s.x + js.token0 * D;
-  float sum[D / 32] = {};
-  for_each_member(s.sorted + js.token0, start, start + size, [&](int64_t t) {
-#pragma unroll
-    for (int e = 0; e < D / 32; ++e) sum[e] += x[t * D + lane + 32 * e];
-  });
-  float* c = s.centroids + (js.cluster0 + j) * D;
-  bf16* c16 = s.centroids16 + (js.cluster0 + j) * D;
-#pragma unroll
-  for (int e = 0; e < D / 32; ++e) {
-    c[lane + 32 * e] = sum[e] / static_cast<float>(size);
-    c16[lane + 32 * e] = __float2bfloat16(c[lane + 32 * e]);
+  const int last = min(js.k, static_cast<int>(blockIdx.x + 1) * kWarps);
+  for (int j = blockIdx.x * kWarps; j < last; ++j) {
+    const int size = s.size[js.cluster0 + j];
+    if (size == 0) continue;
+    const float total = block_member_sum<D>(s.x + js.token0 * D, s.sorted + js.token0, s.start[js.cluster0 + j], size, partial);
+    if (threadIdx.x < D) {
+      const int64_t at = (js.cluster0 + j) * D + threadIdx.x;
+      s.centroids[at] = total / static_cast<float>(size);
+      s.centroids16[at] = __float2bfloat16(s.centroids[at]);
+    }
   }
 }
 
-// Block (8 slots, job), a warp per slot of the segment: its start and size (an empty one past k,
-// or with no member, gets size 0), value sum and centroid (the mean stored key).
+// Block (8 slots, job), the slots of the segment one after another: each one's start and size (an
+// empty one past k, or with no member, gets size 0), value sum and centroid (the mean stored key).
 template <int D>
 __global__ void __launch_bounds__(kThreads) retro_records_kernel(RetroInferClusterParams p, ClusterScratch s) {
   enter_dependent_grid();
+  __shared__ float partial[kWarps][D];
   const int job = blockIdx.y;
   const JobShape js = job_shape(p, job);
   const RetroInferRecords& r = p.records;
-  const int j = blockIdx.x * kWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (j >= js.n / r.page_size * r.slots) return;
   const int h = p.head[job];
   const int32_t* dir = p.dir + p.dir_offsets[job];
   const int64_t first_token = int64_t{p.first_page[job]} * r.page_size;
-  const int64_t slot = int64_t{p.first_page[job]} * r.slots + j;
-  const Record rec = slot_record(r, dir, h, slot);
-  const int sj = static_cast<int>(slot % r.slots);
-  const int start = j < js.k ? s.start[js.cluster0 + j] : 0, size = j < js.k ? s.size[js.cluster0 + j] : 0;
-  if (lane == 0) {
-    rec.start(sj) = size > 0 ? static_cast<int32_t>(first_token + start) : 0;
-    rec.size(sj) = size;
-  }
-  if (size == 0) return;
   const float* x = s.x + js.token0 * D;
   const float* values = s.values + js.token0 * D;
   const float* mean = s.mean + int64_t{job} * D;
-  float key_sum[D / 32] = {}, value_sum[D / 32] = {};
-  for_each_member(s.sorted + js.token0, start, start + size, [&](int64_t t) {
-#pragma unroll
-    for (int e = 0; e < D / 32; ++e) {
-      key_sum[e] += x[t * D + lane + 32 * e];
-      value_sum[e] += values[t * D + lane + 32 * e];
+  const int last = min(js.n / r.page_size * r.slots, static_cast<int>(blockIdx.x + 1) * kWarps);
+  for (int j = blockIdx.x * kWarps; j < last; ++j) {
+    const int64_t slot = int64_t{p.first_page[job]} * r.slots + j;
+    const Record rec = slot_record(r, dir, h, slot);
+    const int sj = static_cast<int>(slot % r.slots);
+    const int start = j < js.k ? s.start[js.cluster0 + j] : 0, size = j < js.k ? s.size[js.cluster0 + j] : 0;
+    if (threadIdx.x == 0) {
+      rec.start(sj) = size > 0 ? static_cast<int32_t>(first_token + start) : 0;
+      rec.size(sj) = size;
     }
-  });
-#pragma unroll
-  for (int e = 0; e < D / 32; ++e) {
-    const int d = lane + 32 * e;
-    rec.value_sum(sj)[d] = value_sum[e];
-    rec.centroid(sj)[d] = __float2bfloat16(key_sum[e] / static_cast<float>(size) + mean[d]);
+    if (size == 0) continue;
+    const float key_sum = block_member_sum<D>(x, s.sorted + js.token0, start, size, partial);
+    const float value_sum = block_member_sum<D>(values, s.sorted + js.token0, start, size, partial);
+    if (threadIdx.x < D) {
+      rec.value_sum(sj)[threadIdx.x] = value_sum;
+      rec.centroid(sj)[threadIdx.x] = __float2bfloat16(key_sum / static_cast<float>(size) + mean[threadIdx.x]);
+    }
   }
 }
 
