@@ -325,9 +325,11 @@ class CudaKvStore final : public DeviceAttention {
   };
   // Adds jobs for logical pages [first, end) of decode row `row`, in segments of segment_pages,
   // reading page p of KV head h from id(p, h), to the launch of h's group (jobs.size() launches
-  // of equal groups, the last one smaller).
+  // of heads_per_cluster_launch heads).
   void add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                         const std::function<int32_t(int64_t, int64_t)>& id) const;
+  // KV heads per k-means launch when a layer's heads go in `launches` equal groups (the last smaller).
+  int64_t heads_per_cluster_launch(int64_t launches) const { return (shape_.n_kv_heads + launches - 1) / launches; }
   // A ShadowKV sequence whose prefill just ended: its decode row, and its prompt's complete pages
   // to factorise: page_id of each, [page][KV head], from `first` in its IndexList's src (which
   // Index reads too).
@@ -1135,8 +1137,7 @@ void CudaKvStore::upload_seer_gate(const sparse::SeerGate& gate, int64_t max_bat
 void CudaKvStore::add_cluster_jobs(std::vector<ClusterJobs>& jobs, int64_t row, int64_t first, int64_t end,
                                    const std::function<int32_t(int64_t, int64_t)>& id) const {
   const int64_t segment_pages = retroinfer_segment_pages();
-  const auto launches = static_cast<int64_t>(jobs.size());
-  const int64_t group = (shape_.n_kv_heads + launches - 1) / launches;
+  const int64_t group = heads_per_cluster_launch(static_cast<int64_t>(jobs.size()));
   for (int64_t h = 0; h < shape_.n_kv_heads; ++h) {
     ClusterJobs& launch = jobs[static_cast<size_t>(h / group)];
     for (int64_t f = first; f < end; f += segment_pages) {
@@ -1417,9 +1418,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                                                     static_cast<int>(ps), static_cast<int>(shape_.head_dim),
                                                     static_cast<int>(retroinfer_slots_));
     };
-    const int64_t group = std::clamp<int64_t>(static_cast<int64_t>(kClusterScratchBudget / scratch(1)), 1, heads);
-    cluster_launches = (heads + group - 1) / group;
-    cluster_scratch_.reserve(scratch((heads + cluster_launches - 1) / cluster_launches), "RetroInfer k-means scratch");
+    const int64_t fitting = std::clamp<int64_t>(static_cast<int64_t>(kClusterScratchBudget / scratch(1)), 1, heads);
+    cluster_launches = (heads + fitting - 1) / fitting;
+    cluster_scratch_.reserve(scratch(heads_per_cluster_launch(cluster_launches)), "RetroInfer k-means scratch");
   }
   {
     std::lock_guard lock(mutex_);  // throws before anything changed
