@@ -12,7 +12,8 @@
 # only, so full-length prompts (SCALE 1) can run with short outputs], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
 # SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode],
-# SPIN_SERVE_REQUEST_TIMEOUT [240: seconds per request], SPIN_SERVE_ROPE_SCALING [none: the model's;
+# SPIN_SERVE_REQUEST_TIMEOUT [240: seconds per request], SPIN_SERVE_BUFFER_FACTOR [spin's default, 5:
+# the sparse modes' `--kv-buffer-factor`, how far elastic buffers may grow into free device memory], SPIN_SERVE_ROPE_SCALING [none: the model's;
 # the whole LongBench-v2 shape (SCALE 1, prompts up to 120K) on Qwen3 needs
 # '{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}' and MAX_LEN 131072],
 # SPIN_SERVE_DEVICE [cuda; cpu
@@ -52,6 +53,7 @@ for mode in "${modes[@]}"; do
   [ -n "${SPIN_SERVE_ROPE_SCALING:-}" ] && flags+=(--rope-scaling "$SPIN_SERVE_ROPE_SCALING")
   if [ "$mode" != dense ]; then
     flags+=(--kv-host-pages $((host_pages * 16 / block)) --sparse-algorithm "$mode" --sparse-budget "$budget")
+    [ -n "${SPIN_SERVE_BUFFER_FACTOR:-}" ] && flags+=(--kv-buffer-factor "$SPIN_SERVE_BUFFER_FACTOR")
   fi
   echo "== $mode: spin serve ${flags[*]}"
   "$bin/spin" serve "${flags[@]}" >"$out/serve_$mode.log" 2>&1 &

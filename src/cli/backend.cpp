@@ -107,6 +107,22 @@ Backend make_cpu_backend(Backend b, const BackendOptions& options, const EngineC
 }
 
 #ifdef SPIN_WITH_CUDA
+// The device KV store's settings from the flags, per GPU when `world` GPUs share the pools.
+CudaPagedKvConfig cuda_kv_config(const BackendOptions& options, const EngineConfig& engine, const ModelConfig& config,
+                                 int world, const SeerGatePtr& gate) {
+  CudaPagedKvConfig kv;
+  kv.page_size = options.kv.page_size;
+  kv.device_pages = options.kv.device_pages > 0 ? std::max<int64_t>(1, options.kv.device_pages / world) : 0;
+  kv.host_pages = options.kv.host_pages > 0 ? std::max<int64_t>(1, options.kv.host_pages / world) : 0;
+  kv.buffer_factor = options.kv.buffer_factor;
+  kv.gpu_memory_utilization = options.gpu_memory_utilization;
+  kv.max_batch = engine.max_num_seqs;
+  kv.max_context = engine.max_model_len;
+  kv.rope = make_rope_table(config.rope, config.head_dim);
+  kv.seer_gate = gate;
+  return kv;
+}
+
 // --tensor-parallel-size N > 1 on GPUs 0..N-1: a CudaModel per rank over its shard, NCCL between
 // them, and a device KV store per rank for its KV heads (equal pools on every GPU).
 Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, const BackendOptions& options,
@@ -120,15 +136,7 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
   ModelWeights config_only;
   config_only.config = config;
   b.model->weights = std::move(config_only);
-  CudaPagedKvConfig kv;
-  kv.page_size = options.kv.page_size;
-  kv.device_pages = options.kv.device_pages > 0 ? std::max<int64_t>(1, options.kv.device_pages / world) : 0;
-  kv.host_pages = options.kv.host_pages > 0 ? std::max<int64_t>(1, options.kv.host_pages / world) : 0;
-  kv.gpu_memory_utilization = options.gpu_memory_utilization;
-  kv.max_batch = engine.max_num_seqs;
-  kv.max_context = engine.max_model_len;
-  kv.rope = make_rope_table(config.rope, config.head_dim);
-  kv.seer_gate = gate;
+  const CudaPagedKvConfig kv = cuda_kv_config(options, engine, config, world, gate);
   std::vector<std::unique_ptr<CudaPagedAttentionFactory>> rank_factories =
       make_cuda_rank_factories(tp.model->rank_attention_shape(), kv, world);
   const int64_t rank_pages = rank_factories.front()->capacity().device_pages;
@@ -169,25 +177,18 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
     b.model->weights = std::move(config_only);
   }
   // The pool is sized after the weights and activations are allocated: it takes what is left.
-  CudaPagedKvConfig kv;
-  kv.page_size = options.kv.page_size;
-  kv.device_pages = options.kv.device_pages;
-  kv.host_pages = options.kv.host_pages;
-  kv.gpu_memory_utilization = options.gpu_memory_utilization;
-  kv.max_batch = engine.max_num_seqs;
-  kv.max_context = engine.max_model_len;
-  kv.rope = make_rope_table(model->config().rope, model->config().head_dim);
-  kv.seer_gate = gate;
+  const CudaPagedKvConfig kv = cuda_kv_config(options, engine, model->config(), 1, gate);
   auto factory = std::make_unique<CudaPagedAttentionFactory>(model->attention_shape(), kv);
   const KvDemand capacity = factory->capacity();
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   b.description = fmt::format(
       "device cuda ({}, bf16, CUDA graphs {}); weights {:.1f} GB; KV pool {:.1f} GB: {} pages of {} tokens "
-      "({} tokens per sequence at most)",
+      "({} tokens per sequence at most); host tier {} pages, buffer {}x",
       prop.name, options.cuda_graphs ? "on" : "off", model->weight_bytes() / 1e9, factory->pool_bytes() / 1e9,
       capacity.device_pages, factory->page_size(),
-      capacity.device_pages / (model->config().n_layers * model->config().n_kv_heads) * factory->page_size());
+      capacity.device_pages / (model->config().n_layers * model->config().n_kv_heads) * factory->page_size(),
+      kv.host_pages, kv.buffer_factor);
   b.forward = std::move(model);
   b.attention = std::move(factory);
   return b;

@@ -3,7 +3,7 @@
 // traces over requests of different slot counts, several layers and KV heads, needed lists with
 // locality and stamps spanning many more steps than buckets; after every call the slot tables,
 // the output page lists, the counters, the error flag and the whole device pool (every byte) must
-// equal the model's exactly.
+// equal the model's exactly, whether Retrieve ran as one launch or as two (plan, then fetch).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -364,12 +364,26 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       p.out_offsets = d_out_offsets.get();
       p.counters = d_counters.get();
       p.error = d_error.get();
-      // Every fetch split: the launch's choice, one block per item, clusters of 2, 4 and 8 (sm_90).
+      // Every fetch split: the launch's choice, one block per item, 2, 4 and 8 blocks (clusters of
+      // them in one launch, sm_90), each in one launch and in two (plan, then fetch).
       constexpr int kBlocksPerItem[] = {0, 1, 2, 4, 8};
-      p.blocks_per_item = kBlocksPerItem[(step * layers + layer) % 5];
-      if (p.blocks_per_item > 1 && !cuda::sm90_or_newer()) p.blocks_per_item = 1;
-      SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item));
-      CUDA_OK(cuda::retrieve_cached_pages(p, nullptr));
+      const int call = step * layers + layer;
+      const bool two_launches = call / 5 % 2 == 1;
+      p.blocks_per_item = kBlocksPerItem[call % 5];
+      if (p.blocks_per_item > 1 && !two_launches && !cuda::sm90_or_newer()) p.blocks_per_item = 1;
+      SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item) +
+                   (two_launches ? ", plan then fetch" : ", one launch"));
+      DeviceArray<int32_t> d_copy_src(std::max<size_t>(needed.size(), 1)), d_copy_dst(std::max<size_t>(needed.size(), 1)),
+          d_copy_counts(2 * items);
+      if (two_launches) {
+        p.copy_src = d_copy_src.get();
+        p.copy_dst = d_copy_dst.get();
+        p.copy_counts = d_copy_counts.get();
+        CUDA_OK(cuda::plan_cached_pages(p, nullptr));
+        CUDA_OK(cuda::fetch_planned_pages(p, nullptr));
+      } else {
+        CUDA_OK(cuda::retrieve_cached_pages(p, nullptr));
+      }
       CUDA_OK(cudaDeviceSynchronize());
 
       int expect_error = 0;
@@ -503,6 +517,7 @@ TEST_F(GpuPageCache, RejectsBadParams) {
   valid.error = error.get();
   valid.host_pool = pool.get();
   valid.device_pool = pool.get();
+  valid.copy_src = valid.copy_dst = valid.copy_counts = ints.get();
 
   const std::vector<std::pair<const char*, std::function<void(cuda::PageCacheParams&)>>> breaks = {
       {"negative num_seqs", [](auto& p) { p.num_seqs = -1; }},
@@ -540,12 +555,27 @@ TEST_F(GpuPageCache, RejectsBadParams) {
     cuda::PageCacheParams p = valid;
     mutate(p);
     EXPECT_EQ(cuda::retrieve_cached_pages(p, nullptr), cudaErrorInvalidValue) << name;
+    EXPECT_EQ(cuda::plan_cached_pages(p, nullptr), cudaErrorInvalidValue) << name << " (plan)";
+    EXPECT_EQ(cuda::fetch_planned_pages(p, nullptr), cudaErrorInvalidValue) << name << " (fetch)";
+  }
+  const std::vector<std::pair<const char*, std::function<void(cuda::PageCacheParams&)>>> two_launch_breaks = {
+      {"null copy_src", [](auto& p) { p.copy_src = nullptr; }},
+      {"null copy_dst", [](auto& p) { p.copy_dst = nullptr; }},
+      {"null copy_counts", [](auto& p) { p.copy_counts = nullptr; }},
+  };
+  for (const auto& [name, mutate] : two_launch_breaks) {
+    cuda::PageCacheParams p = valid;
+    mutate(p);
+    EXPECT_EQ(cuda::plan_cached_pages(p, nullptr), cudaErrorInvalidValue) << name << " (plan)";
+    EXPECT_EQ(cuda::fetch_planned_pages(p, nullptr), cudaErrorInvalidValue) << name << " (fetch)";
   }
   cuda::PageCacheParams empty = valid;
   empty.num_seqs = 0;
   empty.needed = nullptr;
   EXPECT_EQ(cuda::retrieve_cached_pages(empty, nullptr), cudaSuccess)
       << "no requests: nothing to do";
+  EXPECT_EQ(cuda::plan_cached_pages(empty, nullptr), cudaSuccess) << "no requests: nothing to plan";
+  EXPECT_EQ(cuda::fetch_planned_pages(empty, nullptr), cudaSuccess) << "no requests: nothing to fetch";
   CUDA_OK(cudaDeviceSynchronize());
 }
 

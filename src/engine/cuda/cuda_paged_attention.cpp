@@ -282,6 +282,10 @@ class CudaKvStore final : public DeviceAttention {
     int32_t* rebuild_pages = nullptr;       // written by retrieve, read by the key rebuild
     int32_t* rebuild_logical = nullptr;
     int32_t* rebuild_counts = nullptr;
+    // Retrieve in two launches (kernels/cuda/page_cache.h): the plan's copy lists, for the fetch.
+    int32_t* copy_src = nullptr;
+    int32_t* copy_dst = nullptr;
+    int32_t* copy_counts = nullptr;
     // ShadowKV's transitions: per decode row the candidates the outliers come from, per item how
     // many and where the select writes them.
     const int32_t* outlier_first = nullptr;
@@ -470,6 +474,10 @@ class CudaKvStore final : public DeviceAttention {
   DeviceBuffer<bf16> decode_q_;      // the decode rows' q heads, contiguous (the kernel's input)
   DeviceBuffer<char> workspace_;     // split-K partial results
   cudaEvent_t upload_done_ = nullptr;
+  // Retrieve's own stream (the device's highest priority) for ShadowKV's fetch, forked from the
+  // step's stream and joined back within a layer, and its events.
+  cudaStream_t retrieve_stream_ = nullptr;
+  cudaEvent_t retrieve_fork_ = nullptr, retrieve_join_ = nullptr;
   uint64_t epoch_ = 0;
   Step step_;
 
@@ -746,6 +754,11 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     cuda_check(cudaMemset(cache_error_.get(), 0, cache_error_.bytes()), "KV cache error flag clear");
     cache_error_seen_.reserve(1);
     cache_error_seen_[0] = 0;
+    int lowest = 0, highest = 0;
+    cuda_check(cudaDeviceGetStreamPriorityRange(&lowest, &highest), "stream priorities");
+    cuda_check(cudaStreamCreateWithPriority(&retrieve_stream_, cudaStreamNonBlocking, highest), "Retrieve stream");
+    cuda_check(cudaEventCreateWithFlags(&retrieve_fork_, cudaEventDisableTiming), "event creation");
+    cuda_check(cudaEventCreateWithFlags(&retrieve_join_, cudaEventDisableTiming), "event creation");
     cuda_check(cudaDeviceSynchronize(), "KV cache clear");
   }
   epoch_ = new_buffers_epoch();
@@ -755,6 +768,9 @@ CudaKvStore::~CudaKvStore() {
   // The last handle may go on any thread (the engine's): free on this store's GPU.
   cudaSetDevice(device_);
   if (upload_done_) cudaEventDestroy(upload_done_);
+  if (retrieve_fork_) cudaEventDestroy(retrieve_fork_);
+  if (retrieve_join_) cudaEventDestroy(retrieve_join_);
+  if (retrieve_stream_) cudaStreamDestroy(retrieve_stream_);
   for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
   if (host_) cudaFreeHost(host_);
 }
@@ -1533,7 +1549,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                 at_index_dst = take(items), at_index_page = take(items), at_outlier_counts = take(items),
                 at_outlier_offsets = take(items);
   const int64_t fixed_end = total;
-  const int64_t at_rebuild_counts = take(items);  // written on the device
+  const int64_t at_rebuild_counts = take(items), at_copy_counts = take(2 * items);  // written on the device
 
   // List sizes of this step.
   int64_t decode_entries = 0, low_decode_entries = 0, prefill_entries = 0, needed_entries = 0, dir_entries = 0,
@@ -1570,6 +1586,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       factor_entries, decode_rows * std::max(shadowkv_rank_ > 0 ? factor_groups_for(max_pages) : 0, record_groups_for(max_pages))));
   const int64_t at_rebuild_pages = take(room(needed_entries, items * max_pages));
   const int64_t at_rebuild_logical = take(room(needed_entries, items * max_pages));
+  const int64_t at_copy_src = take(room(needed_entries, items * max_pages));
+  const int64_t at_copy_dst = take(room(needed_entries, items * max_pages));
   const int64_t at_prefill_pages = take(prefill_entries), at_low_prefill_pages = take(prefill_entries);
   const auto transitions = static_cast<int64_t>(quest_transitions.src.size());
   const int64_t at_transition_src = take(transitions), at_transition_dst = take(transitions);
@@ -1949,6 +1967,9 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .rebuild_pages = d + at_rebuild_pages,
                .rebuild_logical = d + at_rebuild_logical,
                .rebuild_counts = d + at_rebuild_counts,
+               .copy_src = d + at_copy_src,
+               .copy_dst = d + at_copy_dst,
+               .copy_counts = d + at_copy_counts,
                .outlier_first = d + at_outlier_first,
                .outlier_end = d + at_outlier_end,
                .outlier_counts = d + at_outlier_counts,
@@ -2210,7 +2231,8 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       select.num_kv_heads = heads;
       select.out_pages = step_.needed;
       cuda_check(cuda::select_top_pages(select, stream), "top-page select");
-      if (step_.retroinfer_decode) {  // the estimation zone: the best clusters with a token left out
+      const auto estimation_zone = [&] {  // RetroInfer's: the best clusters with a token left out
+        if (!step_.retroinfer_decode) return;
         cuda_check(cuda::retroinfer_zone(retro, stream), "RetroInfer estimation zone");
         cuda::SelectTopParams zone;
         zone.scores = zone_scores_.get();
@@ -2223,8 +2245,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         zone.num_kv_heads = heads;
         zone.out_pages = zone_.get();
         cuda_check(cuda::select_top_pages(zone, stream), "RetroInfer zone select");
-      }
-      mark(2);
+      };
       cuda::PageCacheParams cache;
       cache.num_seqs = decode_rows;
       cache.num_kv_heads = heads;
@@ -2255,9 +2276,11 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         cache.rebuild_counts = step_.rebuild_counts;
         cache.value_only = value_only_.get();
       }
-      cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
-      mark(3);
-      if (step_.shadowkv_decode) {
+      cache.copy_src = step_.copy_src;
+      cache.copy_dst = step_.copy_dst;
+      cache.copy_counts = step_.copy_counts;
+      const auto rebuild_keys = [&] {  // ShadowKV's, of the misses whose values alone were fetched
+        if (!step_.shadowkv_decode) return;
         cuda::ShadowKvRebuildParams rebuild;
         rebuild.kv_pool = pool;
         rebuild.pages = step_.rebuild_pages;
@@ -2276,6 +2299,27 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         rebuild.inv_freq = inv_freq_.get();
         rebuild.neox = neox_;
         cuda_check(cuda::shadowkv_rebuild_keys(rebuild, stream), "ShadowKV key rebuild");
+      };
+      // With ShadowKV rows, Retrieve's fetch runs on its own stream beside the key rebuild, which
+      // needs Retrieve's plan (which misses go to which slots) but not the bytes it fetches. The
+      // other algorithms have no such work in the layer: their Retrieve runs in line (RetroInfer's
+      // estimation zone beside it measured no faster, docs/results/gpu.md, session 15). A profiled
+      // step runs the phases one after another, so that each is timed alone.
+      if (profiled || retrieve_stream_ == nullptr || !step_.shadowkv_decode) {
+        estimation_zone();
+        mark(2);
+        cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
+        mark(3);
+        rebuild_keys();
+      } else {
+        cuda_check(cuda::plan_cached_pages(cache, stream), "KV cache retrieve plan");
+        cuda_check(cudaEventRecord(retrieve_fork_, stream), "Retrieve fork");
+        cuda_check(cudaStreamWaitEvent(retrieve_stream_, retrieve_fork_), "Retrieve fork");
+        cuda_check(cuda::fetch_planned_pages(cache, retrieve_stream_), "KV cache retrieve");
+        cuda_check(cudaEventRecord(retrieve_join_, retrieve_stream_), "Retrieve join");
+        estimation_zone();
+        rebuild_keys();
+        cuda_check(cudaStreamWaitEvent(stream, retrieve_join_), "Retrieve join");
       }
       if (layer == shape_.n_layers - 1) {
         cuda_check(cudaMemcpyAsync(cache_error_seen_.get(), cache_error_.get(), sizeof(int), cudaMemcpyDeviceToHost,

@@ -347,6 +347,60 @@ __device__ void fetch_misses(const PageCacheParams& p, const MissList& list, con
       [&](int64_t u) { return half_of(dst_pages, u); });
 }
 
+// An item's place in the params, as every block of it reads them alike.
+struct Item {
+  int seq, head;
+  int32_t cache_begin;
+  int slots, count;
+  const int32_t* needed;
+  int32_t* out;
+  __device__ Item(const PageCacheParams& p, int item)
+      : seq(item / p.num_kv_heads),
+        head(item - seq * p.num_kv_heads),
+        cache_begin(p.cache_offsets[seq]),
+        slots(p.cache_offsets[seq + 1] - cache_begin),
+        count(p.needed_counts[item]),
+        needed(p.needed + p.needed_offsets[item]),
+        out(p.out_pages + p.out_offsets[item]) {}
+  // Whether the item fits the bounds the block's shared memory allows.
+  __device__ bool fits() const { return count >= 0 && count <= slots && slots <= kMaxCacheSlots; }
+};
+
+// An item that does not fit: -1 for its pages and the error flag; nothing fetched or rebuilt.
+__device__ void refuse_item(const PageCacheParams& p, const Item& it, int item) {
+  for (int k = threadIdx.x; k < it.count; k += kThreads) it.out[k] = -1;
+  if (threadIdx.x == 0) {
+    *p.error = 1;
+    if (p.rebuild_end) p.rebuild_counts[item] = 0;
+    if (p.copy_counts) p.copy_counts[2 * item] = p.copy_counts[2 * item + 1] = 0;
+  }
+}
+
+// A fitting item's bookkeeping runs in the smaller shared layout when its slots and buckets
+// allow (every block of the item agrees on which); the copy list is then that layout's.
+struct ItemPlan {
+  bool small;
+  MissList list;
+  const int32_t* src;  // the copy list, in the block's shared memory
+  const int32_t* dst;
+};
+__device__ ItemPlan item_layout(const PageCacheParams& p, Shared<kFullPerThread>& full, const Item& it) {
+  static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>) &&
+                alignof(Shared<1>) <= alignof(Shared<kFullPerThread>));
+  auto& small = reinterpret_cast<Shared<1>&>(full);
+  if (it.slots <= kThreads && p.buckets <= kThreads) return {true, {0, 0}, small.copy.src, small.copy.dst};
+  return {false, {0, 0}, full.copy.src, full.copy.dst};
+}
+
+// Rank 0's part: the item's tables, pages and copy list.
+__device__ void plan_item(const PageCacheParams& p, Shared<kFullPerThread>& full, const Item& it, int item,
+                          ItemPlan& plan) {
+  plan.list = plan.small ? retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, it.seq, it.head,
+                                            it.cache_begin, it.slots, it.count, it.needed, it.out)
+                         : retrieve_item<kFullPerThread>(p, full, item, it.seq, it.head, it.cache_begin, it.slots,
+                                                         it.count, it.needed, it.out);
+}
+
 // One cluster of `ranks` blocks per item (1 without clusters). Rank 0 keeps the item's tables
 // and lists its misses; then every rank fetches a share of them, its own copy of the list in its
 // shared memory. One block per item would leave most SMs idle at small batches, and one SM's
@@ -358,71 +412,84 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
   const int tid = threadIdx.x;
   const int item = blockIdx.x / ranks;
   const int rank = blockIdx.x - item * ranks;
-  const int heads = p.num_kv_heads;
-  const int seq = item / heads;
-  const int head = item - seq * heads;
-  const int32_t cache_begin = p.cache_offsets[seq];
-  const int slots = p.cache_offsets[seq + 1] - cache_begin;
-  const int count = p.needed_counts[item];
-  const int32_t* needed = p.needed + p.needed_offsets[item];
-  int32_t* out = p.out_pages + p.out_offsets[item];
-
+  const Item it(p, item);
   // The same for every rank of the item, so a cluster returns whole, before any cluster barrier.
-  if (count < 0 || count > slots || slots > kMaxCacheSlots) {
-    if (rank > 0) return;
-    for (int k = tid; k < count; k += kThreads) out[k] = -1;
-    if (tid == 0) {
-      *p.error = 1;
-      if (p.rebuild_end) p.rebuild_counts[item] = 0;  // nothing fetched: no key to rebuild
-    }
+  if (!it.fits()) {
+    if (rank == 0) refuse_item(p, it, item);
     return;
   }
-  static_assert(sizeof(Shared<1>) <= sizeof(Shared<kFullPerThread>) &&
-                alignof(Shared<1>) <= alignof(Shared<kFullPerThread>));
-  auto& small = reinterpret_cast<Shared<1>&>(full);
-  const bool is_small = slots <= kThreads && p.buckets <= kThreads;
-  const int32_t* src_pages = is_small ? small.copy.src : full.copy.src;
-  const int32_t* dst_pages = is_small ? small.copy.dst : full.copy.dst;
-  MissList list{0, 0};
-  if (rank == 0) {
-    list = is_small ? retrieve_item<1>(p, small, item, seq, head, cache_begin, slots, count, needed, out)
-                    : retrieve_item<kFullPerThread>(p, full, item, seq, head, cache_begin, slots, count, needed, out);
-  }
+  ItemPlan plan = item_layout(p, full, it);
+  if (rank == 0) plan_item(p, full, it, item, plan);
 #if __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   if (ranks > 1) {
     __shared__ MissList published;
-    if (rank == 0 && tid == 0) published = list;
+    if (rank == 0 && tid == 0) published = plan.list;
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // rank 0's list is complete
     if (rank > 0) {
-      list = *cluster.map_shared_rank(&published, 0);
-      const int32_t* remote_src = cluster.map_shared_rank(src_pages, 0);
-      const int32_t* remote_dst = cluster.map_shared_rank(dst_pages, 0);
-      for (int k = tid; k < list.misses; k += kThreads) {
+      plan.list = *cluster.map_shared_rank(&published, 0);
+      const int32_t* remote_src = cluster.map_shared_rank(plan.src, 0);
+      const int32_t* remote_dst = cluster.map_shared_rank(plan.dst, 0);
+      for (int k = tid; k < plan.list.misses; k += kThreads) {
         full.copy.src[k] = remote_src[k];
         full.copy.dst[k] = remote_dst[k];
       }
-      src_pages = full.copy.src;
-      dst_pages = full.copy.dst;
+      plan.src = full.copy.src;
+      plan.dst = full.copy.dst;
       __syncthreads();
     }
     cluster.barrier_arrive();  // rank 0's shared memory is no longer read
   }
 #endif
-  fetch_misses(p, list, src_pages, dst_pages, static_cast<int64_t>(rank) * kThreads + tid,
+  fetch_misses(p, plan.list, plan.src, plan.dst, static_cast<int64_t>(rank) * kThreads + tid,
                static_cast<int64_t>(ranks) * kThreads);
 #if __CUDA_ARCH__ >= 900
   if (ranks > 1) cg::this_cluster().barrier_wait();  // no rank exits while another reads its memory
 #endif
 }
 
+// Rank 0's part alone, one block per item: the copy list goes to global memory.
+__global__ void __launch_bounds__(kThreads, 2) plan_cached_pages_kernel(const PageCacheParams p) {
+  enter_dependent_grid();
+  __shared__ Shared<kFullPerThread> full;
+  const int item = blockIdx.x;
+  const Item it(p, item);
+  if (!it.fits()) {
+    refuse_item(p, it, item);
+    return;
+  }
+  ItemPlan plan = item_layout(p, full, it);
+  plan_item(p, full, it, item, plan);
+  const int64_t at = p.needed_offsets[item];
+  for (int k = threadIdx.x; k < plan.list.misses; k += kThreads) {
+    p.copy_src[at + k] = plan.src[k];
+    p.copy_dst[at + k] = plan.dst[k];
+  }
+  if (threadIdx.x == 0) {
+    p.copy_counts[2 * item] = plan.list.misses;
+    p.copy_counts[2 * item + 1] = plan.list.value_misses;
+  }
+}
+
+// The planned copies, `ranks` blocks per item, each a share.
+__global__ void __launch_bounds__(kThreads, 2) fetch_planned_pages_kernel(const PageCacheParams p, int ranks) {
+  enter_dependent_grid();
+  const int item = blockIdx.x / ranks;
+  const int rank = blockIdx.x - item * ranks;
+  const MissList list{p.copy_counts[2 * item], p.copy_counts[2 * item + 1]};
+  const int64_t at = p.needed_offsets[item];
+  fetch_misses(p, list, p.copy_src + at, p.copy_dst + at, static_cast<int64_t>(rank) * kThreads + threadIdx.x,
+               static_cast<int64_t>(ranks) * kThreads);
+}
+
 // Blocks per item: enough for about kFetchBlocks blocks in all (the link's rate needs about 8 SMs,
-// and items' misses differ), at most 8 (a portable cluster).
+// and items' misses differ), at most 8 (a portable cluster). Blocks that share shared memory need
+// sm_90's clusters; without them, one block per item.
 constexpr int64_t kFetchBlocks = 32;
-int blocks_per_item(const PageCacheParams& p, int64_t items) {
+int blocks_per_item(const PageCacheParams& p, int64_t items, bool clustered) {
   if (p.blocks_per_item > 0) return p.blocks_per_item;
-  if (!sm90_or_newer()) return 1;
+  if (clustered && !sm90_or_newer()) return 1;
   int ranks = 1;
   while (ranks < 8 && items * ranks * 2 <= kFetchBlocks) ranks *= 2;
   return ranks;
@@ -430,18 +497,17 @@ int blocks_per_item(const PageCacheParams& p, int64_t items) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-}  // namespace
-
-cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
+// The checks every Retrieve launch shares; `items` gets the launch's item count.
+cudaError_t check_params(const PageCacheParams& p, int64_t& items) {
   // Page size and head_dim up to 1024 keep the copies' vector counts small; half pages are whole
   // 16-byte vectors.
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
       p.page_size > 1024 || (p.page_size * p.head_dim) % 8 != 0 || p.buckets < 1 ||
       p.buckets > kMaxLruBuckets || p.blocks_per_item < 0 || p.blocks_per_item > 8 ||
-      (p.blocks_per_item & (p.blocks_per_item - 1)) != 0 || (p.blocks_per_item > 1 && !sm90_or_newer()))
+      (p.blocks_per_item & (p.blocks_per_item - 1)) != 0)
     return cudaErrorInvalidValue;
-  const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
+  items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (items > INT_MAX) return cudaErrorInvalidValue;
   if (items == 0) return cudaSuccess;
   if (!p.needed || !p.needed_offsets || !p.needed_counts || !p.cache_groups || !p.cache_offsets ||
@@ -450,10 +516,36 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
       !aligned16(p.host_pool) || !aligned16(p.device_pool) ||
       (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)))
     return cudaErrorInvalidValue;
-  const int ranks = blocks_per_item(p, items);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
+  int64_t items = 0;
+  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
+  if (p.blocks_per_item > 1 && !sm90_or_newer()) return cudaErrorInvalidValue;  // clusters
+  const int ranks = blocks_per_item(p, items, true);
   if (items * ranks > INT_MAX) return cudaErrorInvalidValue;
   return launch_in_clusters(retrieve_cached_pages_kernel, static_cast<unsigned>(items * ranks), kThreads, 0,
                             static_cast<unsigned>(ranks), stream, p, ranks);
+}
+
+cudaError_t plan_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
+  int64_t items = 0;
+  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
+  if (!p.copy_src || !p.copy_dst || !p.copy_counts) return cudaErrorInvalidValue;
+  return launch(plan_cached_pages_kernel, static_cast<unsigned>(items), kThreads, 0, stream, p);
+}
+
+cudaError_t fetch_planned_pages(const PageCacheParams& p, cudaStream_t stream) {
+  int64_t items = 0;
+  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
+  if (!p.copy_src || !p.copy_dst || !p.copy_counts) return cudaErrorInvalidValue;
+  // The blocks of an item share nothing but its list in global memory: no clusters needed.
+  const int ranks = blocks_per_item(p, items, false);
+  if (items * ranks > INT_MAX) return cudaErrorInvalidValue;
+  return launch(fetch_planned_pages_kernel, static_cast<unsigned>(items * ranks), kThreads, 0, stream, p, ranks);
 }
 
 }  // namespace spin::cuda

@@ -79,11 +79,25 @@ struct PageCacheParams {
   int32_t* rebuild_logical = nullptr;
   int32_t* rebuild_counts = nullptr;         // [num_seqs * num_kv_heads]
   unsigned long long* value_only = nullptr;  // [num_seqs]
-  // Blocks that fetch one item's misses (1, 2, 4 or 8; more than 1 needs sm_90's clusters), or 0:
-  // the launch's choice, enough blocks at small batches that the host link, not the SMs, bounds
-  // the fetch.
+  // Blocks that fetch one item's misses (1, 2, 4 or 8; in retrieve_cached_pages more than 1 needs
+  // sm_90's clusters), or 0: the launch's choice, enough blocks at small batches that the host
+  // link, not the SMs, bounds the fetch.
   int blocks_per_item = 0;
+  // Retrieve in two launches (plan_cached_pages, then fetch_planned_pages): item i's copy list,
+  // host page then device page of each miss in fetch order (the values-only misses first), at
+  // copy_src / copy_dst[needed_offsets[i] ..], and its counts at copy_counts[2i] (misses) and
+  // [2i + 1] (values-only misses among them).
+  int32_t* copy_src = nullptr;
+  int32_t* copy_dst = nullptr;
+  int32_t* copy_counts = nullptr;  // [2 * num_seqs * num_kv_heads]
 };
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream);
+
+// The same Retrieve in two launches, which together leave what retrieve_cached_pages leaves:
+// plan_cached_pages does steps 1, 2 and 4, the table update and the rebuild lists, and writes the
+// copy lists; fetch_planned_pages copies the listed pages. Work that needs the plan but not the
+// pages' bytes (ShadowKV's key rebuild) can then run beside the fetch, on another stream.
+cudaError_t plan_cached_pages(const PageCacheParams& p, cudaStream_t stream);
+cudaError_t fetch_planned_pages(const PageCacheParams& p, cudaStream_t stream);
 
 }  // namespace spin::cuda
