@@ -148,10 +148,10 @@ Backend make_cuda_tensor_parallel_backend(Backend b, const LoadOptions& load, co
   cudaGetDeviceProperties(&prop, 0);
   b.description = fmt::format(
       "device cuda ({} x {}, tensor parallel, bf16, CUDA graphs {}); weights {:.1f} GB per GPU; KV pool {:.1f} GB "
-      "per GPU: {} pages of {} tokens each ({} tokens per sequence at most)",
+      "per GPU: {} pages of {} tokens each ({} tokens per sequence at most); host tier {} pages per GPU, buffer {}x",
       world, prop.name, options.cuda_graphs ? "on" : "off", tp.ranks.front()->weight_bytes() / 1e9,
       pool_bytes / 1e9, rank_pages, page_size,
-      rank_pages / (config.n_layers * (config.n_kv_heads / world)) * page_size);
+      rank_pages / (config.n_layers * (config.n_kv_heads / world)) * page_size, kv.host_pages, kv.buffer_factor);
   b.attention = make_tensor_parallel_attention_factory(std::move(factories));
   b.forward = std::move(tp.model);
   return b;

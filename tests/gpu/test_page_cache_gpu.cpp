@@ -3,7 +3,8 @@
 // traces over requests of different slot counts, several layers and KV heads, needed lists with
 // locality and stamps spanning many more steps than buckets; after every call the slot tables,
 // the output page lists, the counters, the error flag and the whole device pool (every byte) must
-// equal the model's exactly, whether Retrieve ran as one launch or as two (plan, then fetch).
+// equal the model's exactly, whether Retrieve ran as one launch or as two (plan, then fetch); with
+// ShadowKV's rebuild_end, so must the values-only copies and their rebuild lists.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -41,6 +42,9 @@ struct TraceShape {
   int steps;
   int max_jump;         // a request's step counter advances by 1..max_jump between calls
   bool overfull_items;  // one item per call asks for more pages than its request has slots
+  // Per request, ShadowKV's rebuild_end: misses of logical pages below it fetch only their values
+  // and are listed for the key rebuild. Empty: no rebuild lists (every miss fetches whole pages).
+  std::vector<int32_t> rebuild_end = {};
 };
 
 // What a trace exercised, so a pass cannot come from a trace that never reached a branch.
@@ -53,6 +57,8 @@ struct Coverage {
   int ordered_boundary = 0;  // two or more victims from the last bucket (their order matters)
   int whole_buckets = 0;     // victims from buckets before the last one
   int error_items = 0;
+  int values_only = 0;       // misses that fetched their values only
+  int whole_misses = 0;      // misses that fetched whole pages
 };
 
 // Pinned host memory mapped into the device address space, freed on scope exit.
@@ -214,6 +220,12 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
   std::vector<int32_t> ref_page(state_size, -1);
   std::vector<uint32_t> ref_stamp(state_size, 0);
   std::vector<unsigned long long> ref_counters(seqs * 3, 0);
+  const bool rebuilds = !s.rebuild_end.empty();
+  std::vector<unsigned long long> ref_value_only(seqs, 0);
+  DeviceArray<int32_t> d_rebuild_end(rebuilds ? s.rebuild_end : std::vector<int32_t>(1, 0));
+  DeviceArray<unsigned long long> d_value_only(ref_value_only);
+  CUDA_OK(d_rebuild_end.status());
+  CUDA_OK(d_value_only.status());
   DeviceArray<int32_t> d_slot_page(ref_page);
   DeviceArray<uint32_t> d_slot_stamp(ref_stamp);
   DeviceArray<unsigned long long> d_counters(ref_counters);
@@ -235,8 +247,9 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       centres[size_t(l) * items + i] = uniform(0, s.logical_pages[i / heads] - 1);
 
   // The model of one item: hits, free slots (empties, then pick's victims), misses in order.
+  // Its values-only misses go, in needed order, to rebuild (device page, logical page).
   auto reference_item = [&](int seq, int head, int layer, const std::vector<int32_t>& list,
-                            int32_t* out, int& error) {
+                            int32_t* out, int& error, std::vector<std::pair<int32_t, int32_t>>& rebuild) {
     const int slots = s.slots[seq];
     const int32_t* groups = cache_groups.data() + cache_offsets[seq];
     if (list.size() > size_t(slots) || slots > cuda::kMaxCacheSlots) {
@@ -290,9 +303,15 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       const size_t device_page = size_t(groups[j]) * heads + head;
       const size_t host_page = size_t(host_groups[host_offsets[seq] + list[k]]) * heads + head;
       out[k] = static_cast<int32_t>(device_page);
-      std::memcpy(expect_pool.data() + (layer * device_layer_pages + device_page) * page_bytes,
-                  host.get() + (layer * host_layer_pages + host_page) * page_bytes, page_bytes);
+      // A values-only miss copies the page's second half (V) and keeps the slot's old keys.
+      const bool values_only = rebuilds && list[k] < s.rebuild_end[seq];
+      const size_t skip = values_only ? page_bytes / 2 : 0;
+      std::memcpy(expect_pool.data() + (layer * device_layer_pages + device_page) * page_bytes + skip,
+                  host.get() + (layer * host_layer_pages + host_page) * page_bytes + skip, page_bytes - skip);
+      if (values_only) rebuild.emplace_back(static_cast<int32_t>(device_page), list[k]);
+      ++(values_only ? cov.values_only : cov.whole_misses);
     }
+    ref_value_only[seq] += rebuild.size();
     ref_counters[seq * 3 + 0] += list.size() - missed.size();
     ref_counters[seq * 3 + 1] += missed.size();
     ref_counters[seq * 3 + 2] += evictions;
@@ -337,6 +356,8 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
         CUDA_OK(status);
       CUDA_OK(cudaMemset(d_error.get(), 0, sizeof(int)));
 
+      DeviceArray<int32_t> d_rebuild_pages(std::max<size_t>(needed.size(), 1)),
+          d_rebuild_logical(std::max<size_t>(needed.size(), 1)), d_rebuild_counts(items);
       cuda::PageCacheParams p;
       p.num_seqs = seqs;
       p.num_kv_heads = heads;
@@ -364,6 +385,13 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       p.out_offsets = d_out_offsets.get();
       p.counters = d_counters.get();
       p.error = d_error.get();
+      if (rebuilds) {
+        p.rebuild_end = d_rebuild_end.get();
+        p.rebuild_pages = d_rebuild_pages.get();
+        p.rebuild_logical = d_rebuild_logical.get();
+        p.rebuild_counts = d_rebuild_counts.get();
+        p.value_only = d_value_only.get();
+      }
       // Every fetch split: the launch's choice, one block per item, 2, 4 and 8 blocks (clusters of
       // them in one launch, sm_90), each in one launch and in two (plan, then fetch).
       constexpr int kBlocksPerItem[] = {0, 1, 2, 4, 8};
@@ -373,8 +401,14 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       if (p.blocks_per_item > 1 && !two_launches && !cuda::sm90_or_newer()) p.blocks_per_item = 1;
       SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item) +
                    (two_launches ? ", plan then fetch" : ", one launch"));
-      DeviceArray<int32_t> d_copy_src(std::max<size_t>(needed.size(), 1)), d_copy_dst(std::max<size_t>(needed.size(), 1)),
-          d_copy_counts(2 * items);
+      // The two-launch form's lists; its counts poisoned with a large count, so a plan that left one
+      // unwritten would fetch garbage.
+      const size_t copy_entries = two_launches ? std::max<size_t>(needed.size(), 1) : 0;
+      DeviceArray<int32_t> d_copy_src(copy_entries), d_copy_dst(copy_entries),
+          d_copy_counts(std::vector<int32_t>(two_launches ? 2 * items : 0, 1 << 20));
+      for (auto status : {d_copy_src.status(), d_copy_dst.status(), d_copy_counts.status(),
+                          d_rebuild_pages.status(), d_rebuild_logical.status(), d_rebuild_counts.status()})
+        CUDA_OK(status);
       if (two_launches) {
         p.copy_src = d_copy_src.get();
         p.copy_dst = d_copy_dst.get();
@@ -387,9 +421,10 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       CUDA_OK(cudaDeviceSynchronize());
 
       int expect_error = 0;
+      std::vector<std::vector<std::pair<int32_t, int32_t>>> expect_rebuild(items);
       for (int i = 0; i < items; ++i)
         reference_item(i / heads, i % heads, layer, lists[i], expect_out.data() + out_offsets[i],
-                       expect_error);
+                       expect_error, expect_rebuild[i]);
 
       const std::vector<int> got_error = d_error.download();
       EXPECT_EQ(got_error[0], expect_error) << "error flag";
@@ -408,6 +443,23 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
                 : i % 3 == 1 ? " misses"
                              : " evictions");
       });
+      if (rebuilds) {
+        std::vector<int32_t> expect_counts(items), got_counts = d_rebuild_counts.download();
+        for (int i = 0; i < items; ++i) expect_counts[i] = static_cast<int32_t>(expect_rebuild[i].size());
+        same &= same_or_report("rebuild_counts", expect_counts, got_counts,
+                               [](size_t i) { return "item " + std::to_string(i); });
+        const std::vector<int32_t> got_pages = d_rebuild_pages.download(), got_logical = d_rebuild_logical.download();
+        for (int i = 0; i < items && same; ++i) {
+          for (size_t j = 0; j < expect_rebuild[i].size(); ++j) {
+            const size_t at = needed_offsets[i] + j;
+            EXPECT_EQ(got_pages[at], expect_rebuild[i][j].first) << "item " << i << " rebuild page #" << j;
+            EXPECT_EQ(got_logical[at], expect_rebuild[i][j].second) << "item " << i << " rebuild logical #" << j;
+            same &= got_pages[at] == expect_rebuild[i][j].first && got_logical[at] == expect_rebuild[i][j].second;
+          }
+        }
+        same &= same_or_report("value_only", ref_value_only, d_value_only.download(),
+                               [](size_t i) { return "seq " + std::to_string(i); });
+      }
       same &= same_or_report("slot_page", ref_page, d_slot_page.download(), describe_state);
       same &= same_or_report("slot_stamp", ref_stamp, d_slot_stamp.download(), describe_state);
       const std::vector<unsigned char> got_pool = device_pool.download();
@@ -480,6 +532,20 @@ TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtTheSmallPathsEdges) {
     EXPECT_GT(wide.evictions, 0);
     EXPECT_GT(wide.wide_buckets, 0);
   }
+}
+
+TEST_F(GpuPageCache, TraceMatchesCpuPolicyWithValuesOnlyMisses) {
+  // ShadowKV's case: below a request's rebuild_end a miss fetches only the page's values (the slot
+  // keeps its old keys until the rebuild) and is listed for the key rebuild in needed order; one
+  // request rebuilds none of its pages, one all of them. Overfull items list nothing.
+  const TraceShape shape{8, 128, 2, 2, 16, {40, 64, 9, 200}, {90, 150, 20, 400}, 12, 8, true, {0, 150, 12, 250}};
+  Coverage cov;
+  run_trace(shape, cov);
+  if (HasFatalFailure()) return;
+  EXPECT_GT(cov.values_only, 0);
+  EXPECT_GT(cov.whole_misses, 0);
+  EXPECT_GT(cov.evictions, 0);
+  EXPECT_GT(cov.error_items, 0);
 }
 
 TEST_F(GpuPageCache, OverfullItemSetsErrorAndOthersProceed) {

@@ -474,8 +474,9 @@ class CudaKvStore final : public DeviceAttention {
   DeviceBuffer<bf16> decode_q_;      // the decode rows' q heads, contiguous (the kernel's input)
   DeviceBuffer<char> workspace_;     // split-K partial results
   cudaEvent_t upload_done_ = nullptr;
-  // Retrieve's own stream (the device's highest priority) for ShadowKV's fetch, forked from the
-  // step's stream and joined back within a layer, and its events.
+  // Retrieve's own stream for ShadowKV's fetch, forked from the step's stream and joined back
+  // within a layer, and its events. It has the device's highest priority, which eager steps get;
+  // captured graphs are instantiated without node priorities, so their replays do not.
   cudaStream_t retrieve_stream_ = nullptr;
   cudaEvent_t retrieve_fork_ = nullptr, retrieve_join_ = nullptr;
   uint64_t epoch_ = 0;
@@ -2276,9 +2277,6 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         cache.rebuild_counts = step_.rebuild_counts;
         cache.value_only = value_only_.get();
       }
-      cache.copy_src = step_.copy_src;
-      cache.copy_dst = step_.copy_dst;
-      cache.copy_counts = step_.copy_counts;
       const auto rebuild_keys = [&] {  // ShadowKV's, of the misses whose values alone were fetched
         if (!step_.shadowkv_decode) return;
         cuda::ShadowKvRebuildParams rebuild;
@@ -2312,6 +2310,9 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         mark(3);
         rebuild_keys();
       } else {
+        cache.copy_src = step_.copy_src;
+        cache.copy_dst = step_.copy_dst;
+        cache.copy_counts = step_.copy_counts;
         cuda_check(cuda::plan_cached_pages(cache, stream), "KV cache retrieve plan");
         cuda_check(cudaEventRecord(retrieve_fork_, stream), "Retrieve fork");
         cuda_check(cudaStreamWaitEvent(retrieve_stream_, retrieve_fork_), "Retrieve fork");

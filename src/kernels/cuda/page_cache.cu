@@ -372,7 +372,6 @@ __device__ void refuse_item(const PageCacheParams& p, const Item& it, int item) 
   if (threadIdx.x == 0) {
     *p.error = 1;
     if (p.rebuild_end) p.rebuild_counts[item] = 0;
-    if (p.copy_counts) p.copy_counts[2 * item] = p.copy_counts[2 * item + 1] = 0;
   }
 }
 
@@ -392,13 +391,13 @@ __device__ ItemPlan item_layout(const PageCacheParams& p, Shared<kFullPerThread>
   return {false, {0, 0}, full.copy.src, full.copy.dst};
 }
 
-// Rank 0's part: the item's tables, pages and copy list.
-__device__ void plan_item(const PageCacheParams& p, Shared<kFullPerThread>& full, const Item& it, int item,
-                          ItemPlan& plan) {
-  plan.list = plan.small ? retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, it.seq, it.head,
-                                            it.cache_begin, it.slots, it.count, it.needed, it.out)
-                         : retrieve_item<kFullPerThread>(p, full, item, it.seq, it.head, it.cache_begin, it.slots,
-                                                         it.count, it.needed, it.out);
+// Rank 0's part: the item's tables, pages and copy list (in `layout`'s shared memory).
+__device__ MissList plan_item(const PageCacheParams& p, Shared<kFullPerThread>& full, const Item& it, int item,
+                              const ItemPlan& layout) {
+  return layout.small ? retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, it.seq, it.head,
+                                         it.cache_begin, it.slots, it.count, it.needed, it.out)
+                      : retrieve_item<kFullPerThread>(p, full, item, it.seq, it.head, it.cache_begin, it.slots,
+                                                      it.count, it.needed, it.out);
 }
 
 // One cluster of `ranks` blocks per item (1 without clusters). Rank 0 keeps the item's tables
@@ -419,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
     return;
   }
   ItemPlan plan = item_layout(p, full, it);
-  if (rank == 0) plan_item(p, full, it, item, plan);
+  if (rank == 0) plan.list = plan_item(p, full, it, item, plan);
 #if __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   if (ranks > 1) {
@@ -454,21 +453,23 @@ __global__ void __launch_bounds__(kThreads, 2) plan_cached_pages_kernel(const Pa
   enter_dependent_grid();
   __shared__ Shared<kFullPerThread> full;
   const int item = blockIdx.x;
+  int32_t* counts = p.copy_counts + 2 * static_cast<int64_t>(item);
   const Item it(p, item);
   if (!it.fits()) {
     refuse_item(p, it, item);
+    if (threadIdx.x == 0) counts[0] = counts[1] = 0;  // nothing to fetch
     return;
   }
   ItemPlan plan = item_layout(p, full, it);
-  plan_item(p, full, it, item, plan);
+  plan.list = plan_item(p, full, it, item, plan);
   const int64_t at = p.needed_offsets[item];
   for (int k = threadIdx.x; k < plan.list.misses; k += kThreads) {
     p.copy_src[at + k] = plan.src[k];
     p.copy_dst[at + k] = plan.dst[k];
   }
   if (threadIdx.x == 0) {
-    p.copy_counts[2 * item] = plan.list.misses;
-    p.copy_counts[2 * item + 1] = plan.list.value_misses;
+    counts[0] = plan.list.misses;
+    counts[1] = plan.list.value_misses;
   }
 }
 
@@ -477,19 +478,24 @@ __global__ void __launch_bounds__(kThreads, 2) fetch_planned_pages_kernel(const 
   enter_dependent_grid();
   const int item = blockIdx.x / ranks;
   const int rank = blockIdx.x - item * ranks;
-  const MissList list{p.copy_counts[2 * item], p.copy_counts[2 * item + 1]};
+  const int32_t* counts = p.copy_counts + 2 * static_cast<int64_t>(item);
+  const MissList list{counts[0], counts[1]};
   const int64_t at = p.needed_offsets[item];
   fetch_misses(p, list, p.copy_src + at, p.copy_dst + at, static_cast<int64_t>(rank) * kThreads + threadIdx.x,
                static_cast<int64_t>(ranks) * kThreads);
 }
 
+// Retrieve's launches: the one-launch kernel (its blocks of an item share rank 0's shared memory,
+// in a cluster), or the plan and the fetch of the two-launch form.
+enum class RetrieveLaunch { whole, plan, fetch };
+
 // Blocks per item: enough for about kFetchBlocks blocks in all (the link's rate needs about 8 SMs,
-// and items' misses differ), at most 8 (a portable cluster). Blocks that share shared memory need
-// sm_90's clusters; without them, one block per item.
+// and items' misses differ), at most 8 (a portable cluster). The one-launch kernel needs sm_90's
+// clusters for more than one.
 constexpr int64_t kFetchBlocks = 32;
-int blocks_per_item(const PageCacheParams& p, int64_t items, bool clustered) {
+int blocks_per_item(const PageCacheParams& p, int64_t items, RetrieveLaunch launch) {
   if (p.blocks_per_item > 0) return p.blocks_per_item;
-  if (clustered && !sm90_or_newer()) return 1;
+  if (launch == RetrieveLaunch::whole && !sm90_or_newer()) return 1;
   int ranks = 1;
   while (ranks < 8 && items * ranks * 2 <= kFetchBlocks) ranks *= 2;
   return ranks;
@@ -497,15 +503,16 @@ int blocks_per_item(const PageCacheParams& p, int64_t items, bool clustered) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// The checks every Retrieve launch shares; `items` gets the launch's item count.
-cudaError_t check_params(const PageCacheParams& p, int64_t& items) {
+// The checks of a Retrieve launch; `items` gets its item count.
+cudaError_t check_params(const PageCacheParams& p, RetrieveLaunch launch, int64_t& items) {
   // Page size and head_dim up to 1024 keep the copies' vector counts small; half pages are whole
   // 16-byte vectors.
   if (p.num_seqs < 0 || p.num_kv_heads < 1 || p.num_layers < 1 || p.layer < 0 ||
       p.layer >= p.num_layers || p.head_dim < 1 || p.head_dim > 1024 || p.page_size < 1 ||
       p.page_size > 1024 || (p.page_size * p.head_dim) % 8 != 0 || p.buckets < 1 ||
       p.buckets > kMaxLruBuckets || p.blocks_per_item < 0 || p.blocks_per_item > 8 ||
-      (p.blocks_per_item & (p.blocks_per_item - 1)) != 0)
+      (p.blocks_per_item & (p.blocks_per_item - 1)) != 0 ||
+      (launch == RetrieveLaunch::whole && p.blocks_per_item > 1 && !sm90_or_newer()))  // clusters
     return cudaErrorInvalidValue;
   items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (items > INT_MAX) return cudaErrorInvalidValue;
@@ -514,7 +521,8 @@ cudaError_t check_params(const PageCacheParams& p, int64_t& items) {
       !p.host_groups || !p.host_offsets || !p.now || !p.slot_page || !p.slot_stamp ||
       !p.host_pool || !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
       !aligned16(p.host_pool) || !aligned16(p.device_pool) ||
-      (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)))
+      (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)) ||
+      (launch != RetrieveLaunch::whole && (!p.copy_src || !p.copy_dst || !p.copy_counts)))
     return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -523,9 +531,8 @@ cudaError_t check_params(const PageCacheParams& p, int64_t& items) {
 
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
   int64_t items = 0;
-  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
-  if (p.blocks_per_item > 1 && !sm90_or_newer()) return cudaErrorInvalidValue;  // clusters
-  const int ranks = blocks_per_item(p, items, true);
+  if (const cudaError_t e = check_params(p, RetrieveLaunch::whole, items); e != cudaSuccess || items == 0) return e;
+  const int ranks = blocks_per_item(p, items, RetrieveLaunch::whole);
   if (items * ranks > INT_MAX) return cudaErrorInvalidValue;
   return launch_in_clusters(retrieve_cached_pages_kernel, static_cast<unsigned>(items * ranks), kThreads, 0,
                             static_cast<unsigned>(ranks), stream, p, ranks);
@@ -533,17 +540,15 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
 
 cudaError_t plan_cached_pages(const PageCacheParams& p, cudaStream_t stream) {
   int64_t items = 0;
-  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
-  if (!p.copy_src || !p.copy_dst || !p.copy_counts) return cudaErrorInvalidValue;
+  if (const cudaError_t e = check_params(p, RetrieveLaunch::plan, items); e != cudaSuccess || items == 0) return e;
   return launch(plan_cached_pages_kernel, static_cast<unsigned>(items), kThreads, 0, stream, p);
 }
 
 cudaError_t fetch_planned_pages(const PageCacheParams& p, cudaStream_t stream) {
   int64_t items = 0;
-  if (const cudaError_t e = check_params(p, items); e != cudaSuccess || items == 0) return e;
-  if (!p.copy_src || !p.copy_dst || !p.copy_counts) return cudaErrorInvalidValue;
+  if (const cudaError_t e = check_params(p, RetrieveLaunch::fetch, items); e != cudaSuccess || items == 0) return e;
   // The blocks of an item share nothing but its list in global memory: no clusters needed.
-  const int ranks = blocks_per_item(p, items, false);
+  const int ranks = blocks_per_item(p, items, RetrieveLaunch::fetch);
   if (items * ranks > INT_MAX) return cudaErrorInvalidValue;
   return launch(fetch_planned_pages_kernel, static_cast<unsigned>(items * ranks), kThreads, 0, stream, p, ranks);
 }
