@@ -17,7 +17,8 @@
 # the whole LongBench-v2 shape (SCALE 1, prompts up to 120K) on Qwen3 needs
 # '{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}' and MAX_LEN 131072],
 # SPIN_SERVE_DEVICE [cuda; cpu
-# makes it a smoke test of the script]. Results go to $OUT when set.
+# makes it a smoke test of the script]. Results go to $OUT when set: serving.md (the table) and
+# runs.tar.gz (each mode's JSON, logs and /metrics).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/spin-gpu-serve-out}
@@ -104,4 +105,9 @@ for m in modes:
             print(f"{m} / dense at rate {rate}: output throughput {r['output_throughput'] / d['output_throughput']:.2f}x, "
                   f"TTFT {d['ttft_ms']['mean'] / r['ttft_ms']['mean']:.2f}x lower")
 EOF
+# A device call brings back at most 8 files: there (OUT set) the table stays a file of its own and
+# everything else goes into one archive.
+if [ -n "${OUT:-}" ]; then
+  (cd "$out" && tar -czf runs.tar.gz --exclude serving.md --exclude runs.tar.gz ./* && find . -type f ! -name serving.md ! -name runs.tar.gz -delete)
+fi
 exit $status
