@@ -72,6 +72,25 @@ __device__ __forceinline__ int lower_bound(const int32_t* sorted, int n, int32_t
   return lo;
 }
 
+// An item's place in the params, as every block of it reads them alike.
+struct Item {
+  int seq, head;
+  int32_t cache_begin;
+  int slots, count;
+  const int32_t* needed;
+  int32_t* out;
+  __device__ Item(const PageCacheParams& p, int item)
+      : seq(item / p.num_kv_heads),
+        head(item - seq * p.num_kv_heads),
+        cache_begin(p.cache_offsets[seq]),
+        slots(p.cache_offsets[seq + 1] - cache_begin),
+        count(p.needed_counts[item]),
+        needed(p.needed + p.needed_offsets[item]),
+        out(p.out_pages + p.out_offsets[item]) {}
+  // Whether the item fits the bounds the block's shared memory allows.
+  __device__ bool fits() const { return count >= 0 && count <= slots && slots <= kMaxCacheSlots; }
+};
+
 // What an item's bookkeeping leaves for the fetch: copy.src / copy.dst[0, misses) of its shared
 // memory, the values-only misses first.
 struct MissList {
@@ -83,13 +102,15 @@ struct MissList {
 // collective depends only on values all threads read alike (the item's counts) or on block
 // totals, so control flow around barriers is uniform.
 template <int kPerThread>
-__device__ MissList retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, int seq, int head,
-                                  int32_t cache_begin, int slots, int count, const int32_t* needed, int32_t* out) {
+__device__ MissList retrieve_item(const PageCacheParams& p, Shared<kPerThread>& sh, int item, const Item& it) {
+  const int seq = it.seq, head = it.head, slots = it.slots, count = it.count;
+  const int32_t* needed = it.needed;
+  int32_t* out = it.out;
   using Sort = SortByLogical<kPerThread>;
   const int tid = threadIdx.x;
   const int heads = p.num_kv_heads;
   const uint32_t now = p.now[seq];
-  const int32_t* groups = p.cache_groups + cache_begin;
+  const int32_t* groups = p.cache_groups + it.cache_begin;
   auto state_index = [&](int32_t group) {
     return (static_cast<int64_t>(group) * p.num_layers + p.layer) * heads + head;
   };
@@ -347,25 +368,6 @@ __device__ void fetch_misses(const PageCacheParams& p, const MissList& list, con
       [&](int64_t u) { return half_of(dst_pages, u); });
 }
 
-// An item's place in the params, as every block of it reads them alike.
-struct Item {
-  int seq, head;
-  int32_t cache_begin;
-  int slots, count;
-  const int32_t* needed;
-  int32_t* out;
-  __device__ Item(const PageCacheParams& p, int item)
-      : seq(item / p.num_kv_heads),
-        head(item - seq * p.num_kv_heads),
-        cache_begin(p.cache_offsets[seq]),
-        slots(p.cache_offsets[seq + 1] - cache_begin),
-        count(p.needed_counts[item]),
-        needed(p.needed + p.needed_offsets[item]),
-        out(p.out_pages + p.out_offsets[item]) {}
-  // Whether the item fits the bounds the block's shared memory allows.
-  __device__ bool fits() const { return count >= 0 && count <= slots && slots <= kMaxCacheSlots; }
-};
-
 // An item that does not fit: -1 for its pages and the error flag; nothing fetched or rebuilt.
 __device__ void refuse_item(const PageCacheParams& p, const Item& it, int item) {
   for (int k = threadIdx.x; k < it.count; k += kThreads) it.out[k] = -1;
@@ -394,10 +396,8 @@ __device__ ItemPlan item_layout(const PageCacheParams& p, Shared<kFullPerThread>
 // Rank 0's part: the item's tables, pages and copy list (in `layout`'s shared memory).
 __device__ MissList plan_item(const PageCacheParams& p, Shared<kFullPerThread>& full, const Item& it, int item,
                               const ItemPlan& layout) {
-  return layout.small ? retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, it.seq, it.head,
-                                         it.cache_begin, it.slots, it.count, it.needed, it.out)
-                      : retrieve_item<kFullPerThread>(p, full, item, it.seq, it.head, it.cache_begin, it.slots,
-                                                      it.count, it.needed, it.out);
+  return layout.small ? retrieve_item<1>(p, reinterpret_cast<Shared<1>&>(full), item, it)
+                      : retrieve_item<kFullPerThread>(p, full, item, it);
 }
 
 // One cluster of `ranks` blocks per item (1 without clusters). Rank 0 keeps the item's tables
