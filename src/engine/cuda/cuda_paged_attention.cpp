@@ -475,8 +475,8 @@ class CudaKvStore final : public DeviceAttention {
   DeviceBuffer<char> workspace_;     // split-K partial results
   cudaEvent_t upload_done_ = nullptr;
   // Retrieve's own stream for ShadowKV's fetch, forked from the step's stream and joined back
-  // within a layer, and its events. It has the device's highest priority, which eager steps get;
-  // captured graphs are instantiated without node priorities, so their replays do not.
+  // within a layer, and its events. It has the device's highest priority, which eager steps get
+  // and captured graphs keep (CudaModel instantiates them with node priorities).
   cudaStream_t retrieve_stream_ = nullptr;
   cudaEvent_t retrieve_fork_ = nullptr, retrieve_join_ = nullptr;
   uint64_t epoch_ = 0;

@@ -430,7 +430,9 @@ void CudaModel::run_graph(const GraphKey& key, DeviceAttention& attention, int64
   }
   cuda_check(cudaStreamEndCapture(stream_, &graph), "CUDA graph capture");
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  // Node priorities are those of the streams captured (the KV store's Retrieve stream is the
+  // device's highest), so a replay schedules a fetch's blocks ahead of work that waits on it less.
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   cudaGraphDestroy(graph);
   cuda_check(instantiated, "CUDA graph instantiation");
   graphs_.emplace(key, exec);
