@@ -30,6 +30,8 @@ def parse(paths):
                 if line.startswith("=== "):
                     label = line.split()[1]
                     continue
+                if line.startswith("["):  # a log line (spdlog) between a table's rows
+                    continue
                 if line.startswith("## "):
                     model, attention = line.split()[1], "dense"
                     continue

@@ -74,3 +74,15 @@ def test_runs_without_labels_take_the_file_name(tmp_path):
     labels, rows = ab_compare.parse([str(a), str(b)])
     assert labels == ["old", "new"]
     assert ab_compare.table(labels, rows).splitlines()[2].endswith("| 100.0 (1) | - | 110.0 (1) | - | 1.100 |")
+
+
+def test_log_lines_inside_a_table_do_not_end_it(tmp_path):
+    # A library logging (spdlog, to stdout) while spin_bench_model prints its decode table.
+    run = dense_run("after", "llama-3.1-8b", 174.5).replace(
+        DENSE_DECODE + "\n|---|---|---|---|---|---|---|\n",
+        DENSE_DECODE + "\n|---|---|---|---|---|---|---|\n"
+        "[2026-12-02 06:48:11.941] [debug] cuBLASLt, products of 1..8 rows by [6144 x 4096]^T: candidate 0 of 8\n")
+    raw = tmp_path / "ab.md"
+    raw.write_text(run + "\n")
+    _, rows = ab_compare.parse([str(raw)])
+    assert rows[("llama-3.1-8b", "dense", 1, 1024)]["after"]["tok/s"] == [174.5]
