@@ -7,7 +7,8 @@
 # the device, so the cap is what limits its batch. shadowkv runs on 8-token pages (its chunk), the
 # others on 16: the same bytes of pool and host tier either way.
 # Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; seer, shadowkv and dense-offload also
-# run; dense-offload slowly: a separate call], SPIN_SERVE_RATES [0.4 0.8 1.6],
+# run; dense-offload slowly: a separate call; a sparse mode may name its own buffer factor, e.g.
+# quest:16, which its files and rows are labelled by (quest-x16)], SPIN_SERVE_RATES [0.4 0.8 1.6],
 # SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_OUTPUT_SCALE [SPIN_SERVE_SCALE: outputs
 # only, so full-length prompts (SCALE 1) can run with short outputs], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
@@ -45,7 +46,13 @@ http_get() { python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.req
 
 status=0
 port=18600
-for mode in "${modes[@]}"; do
+labels=()
+for spec in "${modes[@]}"; do
+  mode=${spec%%:*}
+  factor=${SPIN_SERVE_BUFFER_FACTOR:-}
+  [ "$spec" != "$mode" ] && factor=${spec#*:}
+  label=${spec/:/-x}
+  labels+=("$label")
   port=$((port + 1))
   block=16
   [ "$mode" = shadowkv ] && block=8
@@ -54,10 +61,10 @@ for mode in "${modes[@]}"; do
   [ -n "${SPIN_SERVE_ROPE_SCALING:-}" ] && flags+=(--rope-scaling "$SPIN_SERVE_ROPE_SCALING")
   if [ "$mode" != dense ]; then
     flags+=(--kv-host-pages $((host_pages * 16 / block)) --sparse-algorithm "$mode" --sparse-budget "$budget")
-    [ -n "${SPIN_SERVE_BUFFER_FACTOR:-}" ] && flags+=(--kv-buffer-factor "$SPIN_SERVE_BUFFER_FACTOR")
+    [ -n "$factor" ] && flags+=(--kv-buffer-factor "$factor")
   fi
-  echo "== $mode: spin serve ${flags[*]}"
-  "$bin/spin" serve "${flags[@]}" >"$out/serve_$mode.log" 2>&1 &
+  echo "== $label: spin serve ${flags[*]}"
+  "$bin/spin" serve "${flags[@]}" >"$out/serve_$label.log" 2>&1 &
   server=$!
   for _ in $(seq 600); do
     http_get "http://127.0.0.1:$port/health" >/dev/null && break
@@ -65,36 +72,54 @@ for mode in "${modes[@]}"; do
     sleep 0.2
   done
   if ! http_get "http://127.0.0.1:$port/health" >/dev/null; then
-    echo "!! $mode: the server did not start"; tail -n 20 "$out/serve_$mode.log"; status=1
+    echo "!! $label: the server did not start"; tail -n 20 "$out/serve_$label.log"; status=1
     kill "$server" 2>/dev/null; wait "$server" 2>/dev/null
     continue
   fi
   timeout "$seconds" "$bin/spin" bench --base-url "http://127.0.0.1:$port/v1" --dataset-name longbench-v2 \
     --length-scale "$scale" --output-length-scale "$output_scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
-    --goodput ttft:10000 tpot:100 --timeout "${SPIN_SERVE_REQUEST_TIMEOUT:-240}" --json-out "$out/bench_$mode.json" 2>&1 | tee "$out/bench_$mode.log" \
-    || { echo "!! $mode: bench failed or ran out of time"; status=1; }
-  http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine)' >"$out/metrics_$mode.txt"
+    --goodput ttft:10000 tpot:100 --timeout "${SPIN_SERVE_REQUEST_TIMEOUT:-240}" --json-out "$out/bench_$label.json" 2>&1 | tee "$out/bench_$label.log" \
+    || { echo "!! $label: bench failed or ran out of time"; status=1; }
+  http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine)' >"$out/metrics_$label.txt"
   kill -INT "$server" 2>/dev/null
   wait "$server" 2>/dev/null
 done
 
 echo "== $model, device KV pool $device_pages pages (${SPIN_SERVE_DEVICE_GB:-4} GB), sparse host tier $host_pages pages"
-python3 - "$out" "${modes[@]}" <<'EOF' | tee "$out/serving.md"
+python3 - "$out" "${labels[@]}" <<'EOF' | tee "$out/serving.md"
 import json, sys
 out, modes = sys.argv[1], sys.argv[2:]
-runs = {}
+runs, kv = {}, {}
 for m in modes:
     try:
         runs[m] = {str(r["request_rate"]): r for r in json.load(open(f"{out}/bench_{m}.json"))["runs"]}
     except (OSError, ValueError, KeyError):
         runs[m] = {}
-print("| mode | rate | done | req/s | out tok/s | TTFT mean / p99 (ms) | TPOT mean (ms) | running batch mean / max |")
-print("|---|---|---|---|---|---|---|---|")
+    try:
+        kv[m] = {k: float(v) for k, v in (line.split() for line in open(f"{out}/metrics_{m}.txt") if len(line.split()) == 2)}
+    except (OSError, ValueError):
+        kv[m] = {}
+print("| mode | rate | done | req/s | out tok/s | TTFT mean / p99 (ms) | TPOT mean (ms) | ITL p50 / p99 (ms) | running batch mean / max |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in modes:
     for rate, r in runs[m].items():
+        itl = r.get("itl_ms", {})
         print(f"| {m} | {rate} | {r['completed']}/{r['num_prompts']} | {r['request_throughput']:.3f} | "
               f"{r['output_throughput']:.0f} | {r['ttft_ms']['mean']:.0f} / {r['ttft_ms']['p99']:.0f} | "
-              f"{r['tpot_ms']['mean']:.1f} | {r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
+              f"{r['tpot_ms']['mean']:.1f} | {itl.get('p50', 0):.1f} / {itl.get('p99', 0):.0f} | "
+              f"{r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
+# The KV store over each server's whole life (all its rates), from /metrics.
+print()
+print("| mode | engine steps | cache hit rate | MB fetched per step | preemptions |")
+print("|---|---|---|---|---|")
+for m in modes:
+    k = kv[m]
+    steps = k.get("spin_engine_steps_total", 0)
+    lookups = k.get("spin_kv_cache_hits_total", 0) + k.get("spin_kv_cache_misses_total", 0)
+    hit = f"{k.get('spin_kv_cache_hits_total', 0) / lookups:.3f}" if lookups else "–"
+    fetched = f"{k.get('spin_kv_retrieve_bytes_total', 0) / steps / 1e6:.1f}" if steps and lookups else "–"
+    preempted = sum(v for name, v in k.items() if name.startswith("spin_preemptions_total"))
+    print(f"| {m} | {steps:.0f} | {hit} | {fetched} | {preempted:.0f} |")
 base = runs.get("dense", {})
 for m in modes:
     if m == "dense":
