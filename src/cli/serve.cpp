@@ -167,7 +167,9 @@ void add_serve_command(CLI::App& app) {
                   "cuda: from --gpu-memory-utilization)");
   cmd->add_option("--kv-host-pages", args->backend.kv.host_pages, "paged KV store: host-tier pages (CPU default: from memory; CUDA: pinned memory, 0 = none, quest needs it)");
   cmd->add_option("--kv-buffer-factor", args->backend.kv.buffer_factor,
-                  "paged KV store: buffer pages kept for reuse, as a multiple of the selection budget")
+                  "paged KV store: the most cached pages a sparse request keeps beside its selection, as a multiple "
+                  "of the selection budget (elastic buffers grow up to it into free device pages; more helps where "
+                  "selections change a lot from step to step)")
       ->capture_default_str();
   cmd->add_option("--seer-gate", args->backend.seer_gate,
                   "seer: trained gate weights (safetensors, layers.{l}.seer.k_gate / q_gate per layer) for every seer "
