@@ -2,7 +2,7 @@
 # Serving on one GPU with binaries built elsewhere (scripts/gpu-prebuild.sh; the device call carries
 # .gpu-bin and .gpu-deps): `spin serve` on dummy Qwen3-14B with its device KV pool capped, once per
 # attention mode, each driven by `spin bench` with the LongBench-v2-shaped load scaled down to fit a
-# 10-minute call; a comparison table last. Sparse modes also get a pinned host tier of
+# 10-minute call; the comparison tables last (requests per mode and rate; the KV store per mode). Sparse modes also get a pinned host tier of
 # SPIN_SERVE_HOST_RATIO x the device pool (the paper's ~2.5:1 host:HBM); dense keeps all its KV on
 # the device, so the cap is what limits its batch. shadowkv runs on 8-token pages (its chunk), the
 # others on 16: the same bytes of pool and host tier either way.
@@ -14,7 +14,7 @@
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
 # SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode],
 # SPIN_SERVE_REQUEST_TIMEOUT [240: seconds per request], SPIN_SERVE_BUFFER_FACTOR [spin's default, 5:
-# the sparse modes' `--kv-buffer-factor`, how far elastic buffers may grow into free device memory], SPIN_SERVE_ROPE_SCALING [none: the model's;
+# the `--kv-buffer-factor` of sparse modes that name none, how far elastic buffers may grow into free device memory], SPIN_SERVE_ROPE_SCALING [none: the model's;
 # the whole LongBench-v2 shape (SCALE 1, prompts up to 120K) on Qwen3 needs
 # '{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32768}' and MAX_LEN 131072],
 # SPIN_SERVE_DEVICE [cuda; cpu
