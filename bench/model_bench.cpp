@@ -87,6 +87,7 @@ struct BenchArgs {
   int tensor_parallel_size = 1;
   std::string sparse_algorithm = "dense";
   int64_t sparse_budget = 0;  // tokens per KV head; 0: the algorithm's default
+  double buffer_factor = 5.0;  // cached pages beside a sparse selection, as a multiple of it (serve's default)
   int64_t block_size = 16;    // cuda: tokens per KV page (ShadowKV's chunk is 8)
   std::string seer_gate;      // cuda: seer's trained gate file, `random`, or empty (training-free)
 };
@@ -389,6 +390,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.max_context = max_context;
   kv_config.rope = spin::make_rope_table(c.rope, c.head_dim);
   kv_config.page_size = a.block_size;
+  kv_config.buffer_factor = a.buffer_factor;
   kv_config.seer_gate = seer_gate(a, c);
   kv_config.prefill_variant = a.prefill_variant;
   if (sparse) {
@@ -436,9 +438,9 @@ void run_cuda(const BenchArgs& a) {
               static_cast<long long>(pool_tokens));
   std::printf("| device copy bandwidth (read + write, 1 GiB cudaMemcpy, median of 9) | %.0f GB/s |\n", bandwidth / 1e9);
   if (sparse) {
-    std::printf("| attention | %s%s, budget %lld tokens per KV head (0: its default) |\n", a.sparse_algorithm.c_str(),
-                a.seer_gate.empty() ? "" : (" (trained gate: " + a.seer_gate + ")").c_str(),
-                static_cast<long long>(a.sparse_budget));
+    std::printf("| attention | %s%s, budget %lld tokens per KV head (0: its default), buffers up to %gx it |\n",
+                a.sparse_algorithm.c_str(), a.seer_gate.empty() ? "" : (" (trained gate: " + a.seer_gate + ")").c_str(),
+                static_cast<long long>(a.sparse_budget), a.buffer_factor);
     std::printf("| host to device bandwidth (256 MiB pinned cudaMemcpy, median of 5) | %.1f GB/s |\n",
                 link_bandwidth / 1e9);
     std::printf("| KV host tier (per GPU, pinned) | %.2f GB (pools made in %.1f s) |\n",
@@ -641,7 +643,7 @@ void run_cuda(const BenchArgs& a) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
-  const spin::CudaModel::Stats s = ranks.front()->stats();
+  const spin::ForwardStats s = *ranks.front()->forward_stats();
   std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps include the logits' "
               "copy to the host\n",
               static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
@@ -687,6 +689,9 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", a.block_size, "cuda: tokens per KV page, a multiple of 8 in 8..64")
       ->capture_default_str();
   app.add_option("--sparse-budget", a.sparse_budget, "cuda: tokens selected per KV head (0: the algorithm's default)")
+      ->capture_default_str();
+  app.add_option("--kv-buffer-factor", a.buffer_factor,
+                 "cuda: the cached pages a sparse request keeps beside its selection, as a multiple of it (as spin serve)")
       ->capture_default_str();
   app.add_option("--seer-gate", a.seer_gate,
                  "cuda, seer: trained gate weights (safetensors), or `random` for the model's shape (default: the "

@@ -2,7 +2,7 @@
 # Serving on one GPU with binaries built elsewhere (scripts/gpu-prebuild.sh; the device call carries
 # .gpu-bin and .gpu-deps): `spin serve` on dummy Qwen3-14B with its device KV pool capped, once per
 # attention mode, each driven by `spin bench` with the LongBench-v2-shaped load scaled down to fit a
-# 10-minute call; the comparison tables last (requests per mode and rate; the KV store per mode). Sparse modes also get a pinned host tier of
+# 10-minute call; the comparison tables last (requests per mode and rate; the KV store and the engine step's time per mode). Sparse modes also get a pinned host tier of
 # SPIN_SERVE_HOST_RATIO x the device pool (the paper's ~2.5:1 host:HBM); dense keeps all its KV on
 # the device, so the cap is what limits its batch. shadowkv runs on 8-token pages (its chunk), the
 # others on 16: the same bytes of pool and host tier either way.
@@ -80,7 +80,7 @@ for spec in "${modes[@]}"; do
     --length-scale "$scale" --output-length-scale "$output_scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
     --goodput ttft:10000 tpot:100 --timeout "${SPIN_SERVE_REQUEST_TIMEOUT:-240}" --json-out "$out/bench_$label.json" 2>&1 | tee "$out/bench_$label.log" \
     || { echo "!! $label: bench failed or ran out of time"; status=1; }
-  http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine)' >"$out/metrics_$label.txt"
+  http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine|model)' >"$out/metrics_$label.txt"
   kill -INT "$server" 2>/dev/null
   wait "$server" 2>/dev/null
 done
@@ -110,8 +110,10 @@ for m in modes:
               f"{r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
 # The KV store over each server's whole life (all its rates), from /metrics.
 print()
-print("| mode | engine steps | cache hit rate | MB fetched per step | preemptions |")
-print("|---|---|---|---|---|")
+# Step time: the engine thread's ms per step in each phase; of the forward, the wait for the device
+# (the rest of it is host work while the device idles); graph = forwards launched as CUDA graphs.
+print("| mode | engine steps | cache hit rate | MB fetched per step | preemptions | ms per step: schedule / forward (device wait) / finish | graph forwards |")
+print("|---|---|---|---|---|---|---|")
 for m in modes:
     k = kv[m]
     steps = k.get("spin_engine_steps_total", 0)
@@ -119,7 +121,16 @@ for m in modes:
     hit = f"{k.get('spin_kv_cache_hits_total', 0) / lookups:.3f}" if lookups else "–"
     fetched = f"{k.get('spin_kv_retrieve_bytes_total', 0) / steps / 1e6:.1f}" if steps and lookups else "–"
     preempted = sum(v for name, v in k.items() if name.startswith("spin_preemptions_total"))
-    print(f"| {m} | {steps:.0f} | {hit} | {fetched} | {preempted:.0f} |")
+    phase = {p: k.get(f'spin_engine_step_seconds_total{{phase="{p}"}}') for p in ("schedule", "forward", "finish")}
+    wait = k.get("spin_model_device_wait_seconds_total")
+    timing = "–"
+    if steps and None not in phase.values():
+        per = {p: 1e3 * v / steps for p, v in phase.items()}
+        timing = (f"{per['schedule']:.2f} / {per['forward']:.2f} ({1e3 * wait / steps:.2f}) / {per['finish']:.2f}"
+                  if wait is not None else f"{per['schedule']:.2f} / {per['forward']:.2f} / {per['finish']:.2f}")
+    eager, graph = k.get('spin_model_forwards_total{kind="eager"}'), k.get('spin_model_forwards_total{kind="graph"}')
+    graphs = f"{graph / (eager + graph):.3f}" if eager is not None and graph is not None and eager + graph else "–"
+    print(f"| {m} | {steps:.0f} | {hit} | {fetched} | {preempted:.0f} | {timing} | {graphs} |")
 base = runs.get("dense", {})
 for m in modes:
     if m == "dense":

@@ -512,6 +512,7 @@ void Engine::sample_next(Request& r, std::span<const float> all_logits, std::opt
 }
 
 StepReport Engine::step() {
+  const clock::time_point step_start = clock::now();
   std::vector<std::pair<OutputCallback, RequestOutput>> outputs;
   take_incoming(outputs);
   StepReport report;
@@ -604,6 +605,7 @@ StepReport Engine::step() {
     budget -= n;
   }
 
+  clock::time_point forward_start = clock::now(), forward_end = forward_start;
   if (!scheduled.empty()) {
     std::vector<SequenceChunk> chunks;
     chunks.reserve(scheduled.size());
@@ -632,6 +634,7 @@ StepReport Engine::step() {
         want_logits |= report.chunks[i].samples && r.params.top_logprobs >= 0;
       }
     }
+    forward_start = clock::now();
     try {
       if (draws_on_device) {
         model_.forward_sampled(chunks, sampling, sampleable_vocab_, want_logits, logits_, drawn_);
@@ -665,6 +668,7 @@ StepReport Engine::step() {
       }
       scheduled.clear();
     }
+    forward_end = clock::now();
     const int64_t vocab = model_.config().vocab_size;
     for (size_t i = 0; i < scheduled.size(); ++i) {
       Request& r = *scheduled[i].first;
@@ -690,6 +694,13 @@ StepReport Engine::step() {
   for (auto& [callback, out] : outputs) {
     if (callback) callback(out);
   }
+  const auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  {
+    std::lock_guard lock(metrics_mutex_);
+    metrics_.step_schedule_seconds += seconds(forward_start - step_start);
+    metrics_.step_forward_seconds += seconds(forward_end - forward_start);
+    metrics_.step_finish_seconds += seconds(clock::now() - forward_end);
+  }
   return report;
 }
 
@@ -706,6 +717,7 @@ void Engine::update_gauges() {
     if (r->decoding) metrics_.kv_buffer_pages_reserved += r->buffer_streams * r->buffer_pages;
   }
   metrics_.kv_store = factory_->usage();
+  metrics_.forward = model_.forward_stats();
   ++metrics_.steps_total;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine/attention_factory.h"
+#include "model/forward_model.h"
 
 namespace spin {
 
@@ -54,6 +55,13 @@ struct EngineMetrics {
   uint64_t requests_finished_length = 0;
   uint64_t requests_aborted = 0;
   uint64_t steps_total = 0;
+  // The engine thread's time in its steps, in seconds: choosing each step's work (schedule), the
+  // model's forward (forward), then drawing tokens, growing buffers and handing outputs to the
+  // clients (finish). A device idles during schedule and finish.
+  double step_schedule_seconds = 0.0;
+  double step_forward_seconds = 0.0;
+  double step_finish_seconds = 0.0;
+  std::optional<ForwardStats> forward;  // the model's counts of its forwards, where it keeps them
   Histogram time_to_first_token{latency_buckets()};
   Histogram inter_token_latency{latency_buckets()};
   Histogram e2e_latency{latency_buckets()};

@@ -3,6 +3,7 @@
 // sequences. The CPU Transformer implements it; a GPU model implements it with its own
 // per-sequence KV handles (which it creates through its own AttentionFactory).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -31,6 +32,16 @@ struct DeviceSampling {
   uint64_t step = 0;   // tokens this request has drawn before
 };
 
+// How a device model ran its forwards, for /metrics: where a serving step's time goes.
+struct ForwardStats {
+  int64_t eager_steps = 0;      // forwards enqueued kernel by kernel
+  int64_t graphs_captured = 0;  // decode shapes captured into a CUDA graph
+  int64_t graph_replays = 0;    // forwards launched as a graph (a capture's first launch too)
+  // The caller's time blocked at the end of its forwards until the device finished them; the
+  // rest of a forward's time is host work (tables, uploads, launches) while the device waits.
+  double device_wait_seconds = 0.0;
+};
+
 class ForwardModel {
  public:
   virtual ~ForwardModel() = default;
@@ -48,6 +59,8 @@ class ForwardModel {
                                std::vector<float>&, std::vector<int32_t>&) {
     fail("this model draws tokens on the host (samples_on_device() is false)");
   }
+  // Device models count their forwards; the CPU model has none to report.
+  virtual std::optional<ForwardStats> forward_stats() const { return std::nullopt; }
 };
 
 }  // namespace spin

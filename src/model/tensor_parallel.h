@@ -111,6 +111,8 @@ class TensorParallelModel final : public ForwardModel {
   bool samples_on_device() const override { return ranks_.front()->samples_on_device(); }
   void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
                        bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
+  // Rank 0's: every rank runs the same steps.
+  std::optional<ForwardStats> forward_stats() const override { return ranks_.front()->forward_stats(); }
 
  private:
   void destroy_ranks();

@@ -542,6 +542,14 @@ const MetricRow<EngineMetrics> kEngineRows[] = {
      [](const EngineMetrics& m) { return num(m.requests_aborted); }},
     {"spin_engine_steps_total", "counter", "Scheduler iterations", "",
      [](const EngineMetrics& m) { return num(m.steps_total); }},
+    {"spin_engine_step_seconds_total", "counter",
+     "Engine thread time in steps, by phase (schedule: choosing the work; forward: the model; finish: drawing "
+     "tokens and handing outputs to clients)",
+     "phase=\"schedule\"", [](const EngineMetrics& m) { return m.step_schedule_seconds; }},
+    {"spin_engine_step_seconds_total", "counter", "", "phase=\"forward\"",
+     [](const EngineMetrics& m) { return m.step_forward_seconds; }},
+    {"spin_engine_step_seconds_total", "counter", "", "phase=\"finish\"",
+     [](const EngineMetrics& m) { return m.step_finish_seconds; }},
     {"spin_kv_store_exhausted_total", "counter",
      "Steps in which the paged KV store ran out (an algorithm above its admission bound)", "",
      [](const EngineMetrics& m) { return num(m.kv_store_exhausted_total); }},
@@ -589,6 +597,19 @@ const MetricRow<KvStoreUsage> kStoreRows[] = {
      [](const KvStoreUsage& u) { return num(u.evictions); }},
 };
 
+const MetricRow<ForwardStats> kForwardRows[] = {
+    {"spin_model_forwards_total", "counter",
+     "Device model forwards, by how they ran (eager: kernel by kernel; graph: a CUDA graph launch)", "kind=\"eager\"",
+     [](const ForwardStats& f) { return num(f.eager_steps); }},
+    {"spin_model_forwards_total", "counter", "", "kind=\"graph\"",
+     [](const ForwardStats& f) { return num(f.graph_replays); }},
+    {"spin_model_graphs_captured_total", "counter", "Decode shapes captured into CUDA graphs", "",
+     [](const ForwardStats& f) { return num(f.graphs_captured); }},
+    {"spin_model_device_wait_seconds_total", "counter",
+     "Time forwards blocked on the device after their host work (the rest of the forward phase is host work)", "",
+     [](const ForwardStats& f) { return f.device_wait_seconds; }},
+};
+
 const struct {
   const char* name;
   const char* help;
@@ -622,6 +643,7 @@ std::string render_metrics(const EngineMetrics& m, bool engine_alive) {
       engine_alive ? 1 : 0);
   render_rows(out, kEngineRows, m);
   if (m.kv_store) render_rows(out, kStoreRows, *m.kv_store);
+  if (m.forward) render_rows(out, kForwardRows, *m.forward);
   for (const auto& [name, help, member] : kHistograms) {
     const Histogram& h = m.*member;
     out += fmt::format("# HELP {0} {1}\n# TYPE {0} histogram\n", name, help);

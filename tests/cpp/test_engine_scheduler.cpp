@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -486,6 +487,60 @@ TEST(EngineScheduler, ANewRequestsBufferIsTheEnginesNotTheStoresDefault) {
   }
   EXPECT_GT(largest, 0) << "no buffer ever grew: the check above saw only zeros";
   EXPECT_EQ(store->held(), 0);
+}
+
+// The tiny model behind a device model's counters: each forward takes at least 2 ms (a device
+// wait), and decode-only forwards count as graph launches.
+class CountingModel final : public ForwardModel {
+ public:
+  const ModelConfig& config() const override { return tiny().model.config(); }
+  AttentionShape attention_shape() const override { return tiny().model.attention_shape(); }
+  void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override {
+    tiny().model.forward(chunks, all_logits, logits);
+    const bool decode_only =
+        std::all_of(chunks.begin(), chunks.end(), [](const SequenceChunk& c) { return c.tokens.size() == 1; });
+    ++(decode_only ? stats_.graph_replays : stats_.eager_steps);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    stats_.device_wait_seconds += 0.002;
+  }
+  std::optional<ForwardStats> forward_stats() const override { return stats_; }
+
+ private:
+  ForwardStats stats_;
+};
+
+TEST(EngineScheduler, StepTimeByPhaseAndTheModelsForwardCounts) {
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 32;
+  config.max_model_len = 96;
+  std::mt19937 rng(23);
+  {
+    Engine plain(tiny().model, nullptr, config);
+    Collector c;
+    plain.add_request(random_prompt(rng, 10), greedy(3), c.callback());
+    run_to_end(plain, c);
+    EXPECT_FALSE(plain.metrics().forward.has_value()) << "the CPU model has no forward counts";
+    EXPECT_GT(plain.metrics().step_forward_seconds, 0.0);
+  }
+  CountingModel model;
+  Engine engine(model, nullptr, config);
+  Collector c;
+  for (int i = 0; i < 3; ++i) engine.add_request(random_prompt(rng, 40 + 5 * i), greedy(6), c.callback());
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<StepReport> reports = run_to_end(engine, c);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const EngineMetrics m = engine.metrics();
+  ASSERT_TRUE(m.forward.has_value());
+  const auto forwards = static_cast<int64_t>(
+      std::count_if(reports.begin(), reports.end(), [](const StepReport& r) { return !r.chunks.empty(); }));
+  EXPECT_EQ(m.forward->eager_steps + m.forward->graph_replays, forwards);
+  EXPECT_GT(m.forward->graph_replays, 0);
+  EXPECT_GT(m.forward->eager_steps, 0);
+  EXPECT_GE(m.step_forward_seconds, 0.002 * static_cast<double>(forwards));
+  EXPECT_GE(m.step_schedule_seconds, 0.0);
+  EXPECT_GE(m.step_finish_seconds, 0.0);
+  EXPECT_LE(m.step_schedule_seconds + m.step_forward_seconds + m.step_finish_seconds, wall);
 }
 
 }  // namespace

@@ -115,7 +115,7 @@ TEST_F(CudaModelTest, LogitsMatchTheCpuTransformerOnMixedBatches) {
       EXPECT_EQ(seqs[0].gpu->length(), 96);
       EXPECT_EQ(seqs[3].gpu->length(), 46);
       // Decode steps of 4 rows came 4 times: warm-up, capture, then replays.
-      EXPECT_GT(gpu.stats().graph_replays, 0) << "no decode step replayed a CUDA graph";
+      EXPECT_GT(gpu.forward_stats()->graph_replays, 0) << "no decode step replayed a CUDA graph";
     }
   }
 }
@@ -241,10 +241,10 @@ TEST_F(CudaModelTest, CudaGraphsOnAndOffGiveIdenticalLogits) {
     EXPECT_TRUE(r.finite && r.max_abs == 0.0) << "step " << step << " (" << batches[step].size()
                                               << " sequences), graphs on vs off: " << describe(r, c.vocab_size);
   }
-  EXPECT_GT(a.stats().graphs_captured, 3);
-  EXPECT_GT(a.stats().graph_replays, 8);
-  EXPECT_EQ(b.stats().graphs_captured, 0);
-  EXPECT_EQ(b.stats().graph_replays, 0);
+  EXPECT_GT(a.forward_stats()->graphs_captured, 3);
+  EXPECT_GT(a.forward_stats()->graph_replays, 8);
+  EXPECT_EQ(b.forward_stats()->graphs_captured, 0);
+  EXPECT_EQ(b.forward_stats()->graph_replays, 0);
 }
 
 // The Engine batches requests on the GPU (decodes, chunked prefills, padded decode batches, CUDA

@@ -155,7 +155,7 @@ TEST_F(CudaTensorParallelTest, LogitsMatchOneGpuAndTheCpuOverPrefillAndDecode) {
     }
     EXPECT_EQ(seqs[0].split->length(), 103);
     for (CudaModel* rank : split.ranks) {
-      EXPECT_GT(rank->stats().graph_replays, 0) << "no decode step of a rank replayed a CUDA graph";
+      EXPECT_GT(rank->forward_stats()->graph_replays, 0) << "no decode step of a rank replayed a CUDA graph";
     }
   }
 }
@@ -245,10 +245,10 @@ TEST_F(CudaTensorParallelTest, CudaGraphsOnAndOffAgree) {
     EXPECT_TRUE(r.finite && r.relative <= 1e-3) << "step " << step << ", graphs on vs off: " << describe(r);
   }
   for (CudaModel* rank : graphs.ranks) {
-    EXPECT_GT(rank->stats().graphs_captured, 2);
-    EXPECT_GT(rank->stats().graph_replays, 5);
+    EXPECT_GT(rank->forward_stats()->graphs_captured, 2);
+    EXPECT_GT(rank->forward_stats()->graph_replays, 5);
   }
-  for (CudaModel* rank : eager.ranks) EXPECT_EQ(rank->stats().graph_replays, 0);
+  for (CudaModel* rank : eager.ranks) EXPECT_EQ(rank->forward_stats()->graph_replays, 0);
 }
 
 // The Engine runs several requests together on the split model (chunked prefills beside decodes,

@@ -461,6 +461,16 @@ def test_metrics_format_and_counts(server):
         assert counts[-1] == after[hist + "_count"]
     assert after["spin_time_to_first_token_seconds_count"] == before["spin_time_to_first_token_seconds_count"] + 1
     assert after["spin_inter_token_latency_seconds_count"] == before["spin_inter_token_latency_seconds_count"] + 4
+    # The engine thread's step time by phase: the request's forwards took time, and the phases
+    # together took less than the request did from send to answer.
+    phases = {p: after[f'spin_engine_step_seconds_total{{phase="{p}"}}'] -
+              before[f'spin_engine_step_seconds_total{{phase="{p}"}}'] for p in ("schedule", "forward", "finish")}
+    assert types["spin_engine_step_seconds_total"] == "counter"
+    assert phases["forward"] > 0 and min(phases.values()) >= 0, phases
+    e2e = after["spin_e2e_request_latency_seconds_sum"] - before["spin_e2e_request_latency_seconds_sum"]
+    assert sum(phases.values()) <= e2e + 0.05, (phases, e2e)
+    # The CPU model has no graphs or device waits to count.
+    assert not any(name.startswith("spin_model_") for name in after), "CPU model reported device forwards"
 
 
 def open_stream(port, body, key=API_KEY):

@@ -1,6 +1,7 @@
 #include "model/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <unordered_set>
@@ -247,7 +248,7 @@ void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, 
   const int64_t out_rows = enqueue_step(chunks, all_logits);
   try {
     enqueue_logits_download(out_rows, logits);
-    cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+    wait_for_step();
   } catch (...) {
     cudaStreamSynchronize(stream_);
     throw;
@@ -287,12 +288,18 @@ void CudaModel::forward_sampled(std::span<const SequenceChunk> chunks, std::span
                                stream_),
                "sampled tokens download");
     if (want_logits) enqueue_logits_download(rows, logits);
-    cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+    wait_for_step();
     tokens.assign(sampled_host_.get(), sampled_host_.get() + n);
   } catch (...) {
     cudaStreamSynchronize(stream_);
     throw;
   }
+}
+
+void CudaModel::wait_for_step() {
+  const auto start = std::chrono::steady_clock::now();
+  cuda_check(cudaStreamSynchronize(stream_), "forward pass");
+  stats_.device_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void CudaModel::enqueue_logits_download(int64_t rows, std::vector<float>& logits) {

@@ -87,12 +87,7 @@ class CudaModel final : public ForwardModel {
   void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
                        bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
 
-  struct Stats {
-    int64_t eager_steps = 0;
-    int64_t graphs_captured = 0;
-    int64_t graph_replays = 0;
-  };
-  Stats stats() const { return stats_; }
+  std::optional<ForwardStats> forward_stats() const override { return stats_; }
   // Benchmarks: turns CUDA graphs off or back on for the steps that follow (a step that records
   // events or copies inside its attention must run eagerly).
   void set_cuda_graphs(bool on) { options_.cuda_graphs = on; }
@@ -118,6 +113,8 @@ class CudaModel final : public ForwardModel {
   int64_t enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits);
   // Enqueues the copy of the first `rows` logit rows into `logits`.
   void enqueue_logits_download(int64_t rows, std::vector<float>& logits);
+  // Blocks until the stream's work is done, counting the wait in stats_.
+  void wait_for_step();
   // Enqueues the whole forward for `rows` rows whose inputs were uploaded: embeddings, layers,
   // final norm, the gather of `logit_rows` rows and the LM head.
   void enqueue_forward(DeviceAttention& attention, int64_t rows, int64_t logit_rows);
@@ -160,7 +157,7 @@ class CudaModel final : public ForwardModel {
 
   std::map<GraphKey, cudaGraphExec_t> graphs_;
   std::set<GraphKey> warmed_up_;
-  Stats stats_;
+  ForwardStats stats_;
 };
 
 // A tensor-parallel model on GPUs 0..world-1: one CudaModel per rank on GPU `rank`, each with its
