@@ -243,8 +243,12 @@ double device_copy_bandwidth(int repeats) {
   return rate;
 }
 
-constexpr int kProfileWarmSteps = 12;  // enough steps to fill the caches (6x the selection)
 constexpr int kProfileSteps = 12;
+
+// Profiled steps before the counted ones: enough for Belady's replay, which starts from an empty
+// cache, to fill a cache of (1 + buffer_factor) selections even if every page misses (the store's
+// own cache is already full from the timed steps), and never fewer than 12.
+int profile_warm_steps(double buffer_factor) { return std::max(12, static_cast<int>(std::ceil(buffer_factor)) + 2); }
 
 // One row of the sparse breakdown table: profiled eager decode steps (`step` runs one over the
 // batch), their phases, their selections replayed through Belady's replacement with the store's
@@ -253,7 +257,7 @@ constexpr int kProfileSteps = 12;
 std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFactory& factory,
                              const spin::AttentionSettings& settings, int64_t capacity,
                              const std::function<void()>& step, double measured_step, double hbm_seconds,
-                             double link_bandwidth, int64_t batch, int64_t context, bool cuda_graphs) {
+                             double link_bandwidth, int64_t batch, int64_t context, bool cuda_graphs, int warm_steps) {
   model.set_cuda_graphs(false);
   factory.set_step_profiling(true);
   spin::kv::SelectionTrace trace;
@@ -261,8 +265,8 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
   std::vector<double> eager_seconds;
   spin::KvStoreUsage counted_from;
   size_t most_selected = 0;
-  for (int s = 0; s < kProfileWarmSteps + kProfileSteps; ++s) {
-    if (s == kProfileWarmSteps) counted_from = factory.usage().value_or(spin::KvStoreUsage{});
+  for (int s = 0; s < warm_steps + kProfileSteps; ++s) {
+    if (s == warm_steps) counted_from = factory.usage().value_or(spin::KvStoreUsage{});
     const auto start = clock_type::now();
     step();
     const double seconds = seconds_since(start);
@@ -275,7 +279,7 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
         most_selected = std::max(most_selected, pages.size());
       }
     }
-    if (s < kProfileWarmSteps) continue;
+    if (s < warm_steps) continue;
     eager_seconds.push_back(seconds);
     phases.score_ms += p.score_ms / kProfileSteps;
     phases.select_ms += p.select_ms / kProfileSteps;
@@ -292,7 +296,7 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
   const spin::kv::ReplayResult belady =
       spin::kv::replay_trace(trace, spin::kv::ReplacementPolicy::Belady,
                              static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
-                             64, kProfileWarmSteps);
+                             64, static_cast<uint32_t>(warm_steps));
   // The bytes a miss costs, as measured (a whole page; ShadowKV's prompt pages fetch their values only).
   const double miss_bytes = misses > 0 ? static_cast<double>(end.retrieve_bytes - counted_from.retrieve_bytes) / misses
                                        : static_cast<double>(end.page_bytes);
@@ -332,7 +336,7 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
 // Tokens a decode benchmark appends to a sequence after its context: its first step, two warm-up
 // steps, the timed steps and (sparse) the breakdown's profiled ones.
 int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
-  return 3 + a.decode_tokens * a.repeats + (sparse ? kProfileWarmSteps + kProfileSteps : 0);
+  return 3 + a.decode_tokens * a.repeats + (sparse ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
 }
 
 // Tokens --compare-sampling appends to a sequence after its context: 2 temperatures x (host, GPU)
@@ -559,7 +563,8 @@ void run_cuda(const BenchArgs& a) {
         if (world == 1 && a.sparse_algorithm != "dense-offload") {
           breakdown_rows.push_back(sparse_breakdown(*ranks.front(), *rank_factories.front(), settings, capacity,
                                                     [&] { decode_step(0, batch); }, step, hbm / bandwidth,
-                                                    link_bandwidth, batch, context, a.cuda_graphs));
+                                                    link_bandwidth, batch, context, a.cuda_graphs,
+                                                    profile_warm_steps(a.buffer_factor)));
         }
         continue;
       }
@@ -637,7 +642,7 @@ void run_cuda(const BenchArgs& a) {
                 "counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
                 "(same trace, same cache slots; each at the bytes a measured miss cost) at the bulk host-to-device "
                 "rate.\n\n",
-                kProfileWarmSteps + kProfileSteps, kProfileWarmSteps);
+                profile_warm_steps(a.buffer_factor) + kProfileSteps, profile_warm_steps(a.buffer_factor));
     std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | key rebuild ms | "
                 "attention ms | rest ms | hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
