@@ -423,6 +423,13 @@ void print_run(const json& r) {
               static_cast<long long>(r["num_prompts"].get<int64_t>()), r["duration_s"].get<double>(),
               r["request_throughput"].get<double>(), r["output_throughput"].get<double>(),
               r["total_token_throughput"].get<double>());
+  // A few Poisson arrivals can come far faster or slower than the rate asked for.
+  const auto sent = r["num_prompts"].get<int64_t>();
+  const double span = r["arrival_span_s"].get<double>();
+  if (r["request_rate"].is_number() && sent > 1 && span > 0) {
+    std::printf("  arrivals within %.1f s: %.3f req/s between the first and the last\n", span,
+                static_cast<double>(sent - 1) / span);
+  }
   line("TTFT", r["ttft_ms"]);
   line("TPOT", r["tpot_ms"]);
   line("ITL", r["itl_ms"]);

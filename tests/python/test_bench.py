@@ -56,6 +56,10 @@ def test_bench_counts_latencies_and_server_counters(spin_bin, test_model, test_t
             # Sampled from /metrics: never above the concurrency limit, and some request was seen.
             assert 0 < r["max_running_batch"] <= 4 and 0 <= r["mean_running_batch"] <= r["max_running_batch"]
         assert "request rate" in proc.stdout and "TTFT" in proc.stdout
+        # The realized arrival rate, for the finite rate only (at inf every request goes at once).
+        assert proc.stdout.count("arrivals within") == 1
+        span = doc["runs"][0]["arrival_span_s"]
+        assert f"arrivals within {span:.1f} s: {(NUM_PROMPTS - 1) / span:.3f} req/s" in proc.stdout
         prompt1, gen1 = token_counters(server)
         assert prompt1 - prompt0 == sum(r["total_input_tokens"] for r in doc["runs"])
         assert gen1 - gen0 == sum(r["total_output_tokens"] for r in doc["runs"])
