@@ -99,12 +99,14 @@ for m in modes:
         kv[m] = {k: float(v) for k, v in (line.split() for line in open(f"{out}/metrics_{m}.txt") if len(line.split()) == 2)}
     except (OSError, ValueError):
         kv[m] = {}
-print("| mode | rate | done | req/s | out tok/s | TTFT mean / p99 (ms) | TPOT mean (ms) | ITL p50 / p99 (ms) | running batch mean / max |")
-print("|---|---|---|---|---|---|---|---|---|")
+# Arrivals: the seconds from the first request sent to the last (a few Poisson arrivals can come
+# much faster or slower than the rate asked for).
+print("| mode | rate | arrivals (s) | done | req/s | out tok/s | TTFT mean / p99 (ms) | TPOT mean (ms) | ITL p50 / p99 (ms) | running batch mean / max |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for m in modes:
     for rate, r in runs[m].items():
         itl = r.get("itl_ms", {})
-        print(f"| {m} | {rate} | {r['completed']}/{r['num_prompts']} | {r['request_throughput']:.3f} | "
+        print(f"| {m} | {rate} | {r.get('arrival_span_s', 0):.1f} | {r['completed']}/{r['num_prompts']} | {r['request_throughput']:.3f} | "
               f"{r['output_throughput']:.0f} | {r['ttft_ms']['mean']:.0f} / {r['ttft_ms']['p99']:.0f} | "
               f"{r['tpot_ms']['mean']:.1f} | {itl.get('p50', 0):.1f} / {itl.get('p99', 0):.0f} | "
               f"{r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
