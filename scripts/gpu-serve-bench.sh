@@ -112,8 +112,8 @@ for m in modes:
               f"{r.get('mean_running_batch', 0):.1f} / {r.get('max_running_batch', 0):.0f} |")
 # The KV store over each server's whole life (all its rates), from /metrics.
 print()
-# Step time: the engine thread's ms per step in each phase; of the forward, the wait for the device
-# (the rest of it is host work while the device idles); graph = forwards launched as CUDA graphs.
+# Step time: the engine thread's ms per step in each phase; of the forward, its final wait for the
+# device (the rest is host work and earlier waits); graph = forwards launched as CUDA graphs.
 print("| mode | engine steps | cache hit rate | MB fetched per step | preemptions | ms per step: schedule / forward (device wait) / finish | graph forwards |")
 print("|---|---|---|---|---|---|---|")
 for m in modes:

@@ -55,9 +55,9 @@ struct EngineMetrics {
   uint64_t requests_finished_length = 0;
   uint64_t requests_aborted = 0;
   uint64_t steps_total = 0;
-  // The engine thread's time in its steps, in seconds: choosing each step's work (schedule), the
-  // model's forward (forward), then drawing tokens, growing buffers and handing outputs to the
-  // clients (finish). A device idles during schedule and finish.
+  // The engine thread's time in its steps, in seconds: choosing each step's work (schedule; a
+  // swap's copies happen here), the model's forward (forward), then drawing tokens, growing
+  // buffers and handing outputs to the clients (finish).
   double step_schedule_seconds = 0.0;
   double step_forward_seconds = 0.0;
   double step_finish_seconds = 0.0;

@@ -37,8 +37,9 @@ struct ForwardStats {
   int64_t eager_steps = 0;      // forwards enqueued kernel by kernel
   int64_t graphs_captured = 0;  // decode shapes captured into a CUDA graph
   int64_t graph_replays = 0;    // forwards launched as a graph (a capture's first launch too)
-  // The caller's time blocked at the end of its forwards until the device finished them; the
-  // rest of a forward's time is host work (tables, uploads, launches) while the device waits.
+  // The caller's time blocked at the end of its forwards until the device finished them. The rest
+  // of a forward's time is host work (tables, uploads, launches) and any wait earlier in it (e.g.
+  // ShadowKV's factorisation at a request's first decode step).
   double device_wait_seconds = 0.0;
 };
 

@@ -606,7 +606,9 @@ const MetricRow<ForwardStats> kForwardRows[] = {
     {"spin_model_graphs_captured_total", "counter", "Decode shapes captured into CUDA graphs", "",
      [](const ForwardStats& f) { return num(f.graphs_captured); }},
     {"spin_model_device_wait_seconds_total", "counter",
-     "Time forwards blocked on the device after their host work (the rest of the forward phase is host work)", "",
+     "Time forwards blocked at their end until the device finished them (the rest of the forward phase is host "
+     "work and earlier waits)",
+     "",
      [](const ForwardStats& f) { return f.device_wait_seconds; }},
 };
 

@@ -116,6 +116,7 @@ TEST_F(CudaModelTest, LogitsMatchTheCpuTransformerOnMixedBatches) {
       EXPECT_EQ(seqs[3].gpu->length(), 46);
       // Decode steps of 4 rows came 4 times: warm-up, capture, then replays.
       EXPECT_GT(gpu.forward_stats()->graph_replays, 0) << "no decode step replayed a CUDA graph";
+      EXPECT_GT(gpu.forward_stats()->device_wait_seconds, 0.0) << "no forward counted its wait for the device";
     }
   }
 }
