@@ -344,6 +344,7 @@ int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
 int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_tokens * (a.repeats + 2); }
 
 void run_cuda(const BenchArgs& a) {
+  const int warm_steps = profile_warm_steps(a.buffer_factor);
   spin::LoadOptions load = load_options(a);
   load.dummy_weights_on_host = false;
   spin::LoadedModel loaded = spin::load_model(load);
@@ -563,8 +564,7 @@ void run_cuda(const BenchArgs& a) {
         if (world == 1 && a.sparse_algorithm != "dense-offload") {
           breakdown_rows.push_back(sparse_breakdown(*ranks.front(), *rank_factories.front(), settings, capacity,
                                                     [&] { decode_step(0, batch); }, step, hbm / bandwidth,
-                                                    link_bandwidth, batch, context, a.cuda_graphs,
-                                                    profile_warm_steps(a.buffer_factor)));
+                                                    link_bandwidth, batch, context, a.cuda_graphs, warm_steps));
         }
         continue;
       }
@@ -642,7 +642,7 @@ void run_cuda(const BenchArgs& a) {
                 "counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
                 "(same trace, same cache slots; each at the bytes a measured miss cost) at the bulk host-to-device "
                 "rate.\n\n",
-                profile_warm_steps(a.buffer_factor) + kProfileSteps, profile_warm_steps(a.buffer_factor));
+                warm_steps + kProfileSteps, warm_steps);
     std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | key rebuild ms | "
                 "attention ms | rest ms | hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -128,8 +128,8 @@ for m in modes:
     timing = "–"
     if steps and None not in phase.values():
         per = {p: 1e3 * v / steps for p, v in phase.items()}
-        timing = (f"{per['schedule']:.2f} / {per['forward']:.2f} ({1e3 * wait / steps:.2f}) / {per['finish']:.2f}"
-                  if wait is not None else f"{per['schedule']:.2f} / {per['forward']:.2f} / {per['finish']:.2f}")
+        waited = f" ({1e3 * wait / steps:.2f})" if wait is not None else ""
+        timing = f"{per['schedule']:.2f} / {per['forward']:.2f}{waited} / {per['finish']:.2f}"
     eager, graph = k.get('spin_model_forwards_total{kind="eager"}'), k.get('spin_model_forwards_total{kind="graph"}')
     graphs = f"{graph / (eager + graph):.3f}" if eager is not None and graph is not None and eager + graph else "–"
     print(f"| {m} | {steps:.0f} | {hit} | {fetched} | {preempted:.0f} | {timing} | {graphs} |")
