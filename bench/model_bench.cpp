@@ -13,7 +13,8 @@
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
 //   --sparse-algorithm quest, seer, shadowkv or retroinfer: sparse decode over the two-tier store (a pinned host tier sized for
 //   the largest batch x context). The device pages get random values, each sequence's uncomputed
-//   context is indexed by its own first decode step, then the batch decodes; the table gives the
+//   context is indexed by its own first decode step, then the batch decodes (timed once its caches
+//   are full, right after the breakdown's profiled steps); the table gives the
 //   time of that first step (the Index of the whole context: ShadowKV's factorisation is most of
 //   it; RetroInfer's k-means too), the cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
 //   step's bound: its HBM bytes at the device copy rate plus its retrieved bytes at the bulk
@@ -35,6 +36,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -245,23 +247,34 @@ double device_copy_bandwidth(int repeats) {
 
 constexpr int kProfileSteps = 12;
 
-// Profiled steps before the counted ones: enough for Belady's replay, which starts from an empty
-// cache, to fill a cache of (1 + buffer_factor) selections even if every page misses (the store's
-// own cache is already full from the timed steps), and never fewer than 12.
-int profile_warm_steps(double buffer_factor) { return std::max(12, static_cast<int>(std::ceil(buffer_factor)) + 2); }
+// Profiled steps before the counted ones. The replays start from empty caches, so a page last
+// used before the trace is a miss only there. A cache of (1 + buffer_factor) selections fills in
+// (1 + buffer_factor) / (1 - hit rate) steps (15 at 5x and a 0.6 hit rate, 57 at 16x and 0.7):
+// six steps per selection cover hit rates up to 0.83. The LRU replay's hit rate beside the
+// store's shows whether that was enough.
+int profile_warm_steps(double buffer_factor) {
+  return std::max(12, 6 * (static_cast<int>(std::ceil(buffer_factor)) + 1));
+}
 
-// One row of the sparse breakdown table: profiled eager decode steps (`step` runs one over the
-// batch), their phases, their selections replayed through Belady's replacement with the store's
-// cache slots, and the ideal step (`hbm_seconds` of HBM reads plus Belady's fetches at the link
-// rate) against the graph run's `measured_step`.
-std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFactory& factory,
-                             const spin::AttentionSettings& settings, int64_t capacity,
-                             const std::function<void()>& step, double measured_step, double hbm_seconds,
-                             double link_bandwidth, int64_t batch, int64_t context, bool cuda_graphs, int warm_steps) {
+// Profiled eager decode steps of one shape (`step` runs one over the batch): their phases, the
+// store's hit rate, and their selections replayed with the store's cache slots through Belady's
+// replacement (for the ideal step) and through bucketed LRU (to check that the replay is warm).
+struct SparseProfile {
+  double eager_ms = 0.0;
+  spin::SparseStepProfile phases;
+  double hit_rate = 0.0;
+  double lru_replay_hit_rate = 0.0;
+  double belady_hit_rate = 0.0;
+  double belady_bytes = 0.0;  // per step: Belady's misses at the bytes a measured miss cost
+};
+
+SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttentionFactory& factory,
+                                   const spin::AttentionSettings& settings, int64_t capacity,
+                                   const std::function<void()>& step, bool cuda_graphs, int warm_steps) {
   model.set_cuda_graphs(false);
   factory.set_step_profiling(true);
   spin::kv::SelectionTrace trace;
-  spin::SparseStepProfile phases;
+  SparseProfile out;
   std::vector<double> eager_seconds;
   spin::KvStoreUsage counted_from;
   size_t most_selected = 0;
@@ -281,11 +294,11 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
     }
     if (s < warm_steps) continue;
     eager_seconds.push_back(seconds);
-    phases.score_ms += p.score_ms / kProfileSteps;
-    phases.select_ms += p.select_ms / kProfileSteps;
-    phases.retrieve_ms += p.retrieve_ms / kProfileSteps;
-    phases.rebuild_ms += p.rebuild_ms / kProfileSteps;
-    phases.attention_ms += p.attention_ms / kProfileSteps;
+    out.phases.score_ms += p.score_ms / kProfileSteps;
+    out.phases.select_ms += p.select_ms / kProfileSteps;
+    out.phases.retrieve_ms += p.retrieve_ms / kProfileSteps;
+    out.phases.rebuild_ms += p.rebuild_ms / kProfileSteps;
+    out.phases.attention_ms += p.attention_ms / kProfileSteps;
   }
   factory.set_step_profiling(false);
   model.set_cuda_graphs(cuda_graphs);
@@ -293,22 +306,34 @@ std::string sparse_breakdown(spin::CudaModel& model, spin::CudaPagedAttentionFac
   const auto hits = static_cast<double>(end.hits - counted_from.hits);
   const auto misses = static_cast<double>(end.misses - counted_from.misses);
   const int64_t slots = factory.cache_slots(settings, capacity);
-  const spin::kv::ReplayResult belady =
-      spin::kv::replay_trace(trace, spin::kv::ReplacementPolicy::Belady,
-                             static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
-                             64, static_cast<uint32_t>(warm_steps));
+  const auto replay = [&](spin::kv::ReplacementPolicy policy) {
+    return spin::kv::replay_trace(trace, policy,
+                                  static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
+                                  64, static_cast<uint32_t>(warm_steps));
+  };
+  const spin::kv::ReplayResult belady = replay(spin::kv::ReplacementPolicy::Belady);
   // The bytes a miss costs, as measured (a whole page; ShadowKV's prompt pages fetch their values only).
   const double miss_bytes = misses > 0 ? static_cast<double>(end.retrieve_bytes - counted_from.retrieve_bytes) / misses
                                        : static_cast<double>(end.page_bytes);
-  const double belady_bytes = static_cast<double>(belady.misses) * miss_bytes / kProfileSteps;
-  const double ideal = hbm_seconds + belady_bytes / link_bandwidth;
-  const double eager_ms = median(eager_seconds) * 1e3;
-  const double rest =
-      eager_ms - phases.score_ms - phases.select_ms - phases.retrieve_ms - phases.rebuild_ms - phases.attention_ms;
-  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
-                     batch, context, eager_ms, phases.score_ms, phases.select_ms, phases.retrieve_ms,
-                     phases.rebuild_ms, phases.attention_ms, rest, hits + misses > 0 ? hits / (hits + misses) : 0.0, belady.hit_rate(),
-                     ideal * 1e3, measured_step / ideal);
+  out.eager_ms = median(eager_seconds) * 1e3;
+  out.hit_rate = hits + misses > 0 ? hits / (hits + misses) : 0.0;
+  out.lru_replay_hit_rate = replay(spin::kv::ReplacementPolicy::BucketedLru).hit_rate();
+  out.belady_hit_rate = belady.hit_rate();
+  out.belady_bytes = static_cast<double>(belady.misses) * miss_bytes / kProfileSteps;
+  return out;
+}
+
+// One row of the sparse breakdown table: the profile, and the ideal step (`hbm_seconds` of HBM
+// reads plus Belady's fetches at the link rate) against the graph run's `measured_step`.
+std::string sparse_breakdown_row(const SparseProfile& p, int64_t batch, int64_t context, double measured_step,
+                                 double hbm_seconds, double link_bandwidth) {
+  const double ideal = hbm_seconds + p.belady_bytes / link_bandwidth;
+  const spin::SparseStepProfile& ph = p.phases;
+  const double rest = p.eager_ms - ph.score_ms - ph.select_ms - ph.retrieve_ms - ph.rebuild_ms - ph.attention_ms;
+  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
+                     batch, context, p.eager_ms, ph.score_ms, ph.select_ms, ph.retrieve_ms, ph.rebuild_ms,
+                     ph.attention_ms, rest, p.hit_rate, p.lru_replay_hit_rate, p.belady_hit_rate, ideal * 1e3,
+                     measured_step / ideal);
 }
 
 // One bulk copy of 256 MiB from pinned host memory: the rate Retrieve's misses cannot beat.
@@ -333,10 +358,17 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
   return spin::sparse::random_seer_gate(shape, 7);
 }
 
-// Tokens a decode benchmark appends to a sequence after its context: its first step, two warm-up
-// steps, the timed steps and (sparse) the breakdown's profiled ones.
+// Untimed decode steps before the timed ones: one eager, one capturing the graph, and (sparse) the
+// breakdown's profiled steps, which fill the caches, so that the timed steps are the steady state
+// right after the profiled ones.
+int64_t untimed_steps(const BenchArgs& a, bool sparse) {
+  return 2 + (sparse ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
+}
+
+// Tokens a decode benchmark appends to a sequence after its context: its first step, the untimed
+// steps and the timed ones.
 int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
-  return 3 + a.decode_tokens * a.repeats + (sparse ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
+  return 1 + untimed_steps(a, sparse) + a.decode_tokens * a.repeats;
 }
 
 // Tokens --compare-sampling appends to a sequence after its context: 2 temperatures x (host, GPU)
@@ -527,9 +559,17 @@ void run_cuda(const BenchArgs& a) {
         decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
         first_steps.push_back(seconds_since(start));
       }
-      // Warm-up: the first step of a shape runs eagerly, the second captures its graph.
+      // Untimed: one eager step, one capturing the graph, then (sparse) the breakdown's profiled
+      // steps, or as many graph steps where there is no breakdown, which fill the caches.
       decode_step(0, batch);
       decode_step(0, batch);
+      std::optional<SparseProfile> profile;
+      if (sparse && world == 1 && a.sparse_algorithm != "dense-offload") {
+        profile = profile_sparse_steps(*ranks.front(), *rank_factories.front(), settings, capacity,
+                                       [&] { decode_step(0, batch); }, a.cuda_graphs, warm_steps);
+      } else {
+        for (int64_t i = 2; i < untimed_steps(a, sparse); ++i) decode_step(0, batch);
+      }
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
       std::vector<double> step_seconds;
       for (int r = 0; r < a.repeats; ++r) {
@@ -543,7 +583,7 @@ void run_cuda(const BenchArgs& a) {
         const auto hits = static_cast<double>(after.hits - before.hits);
         const auto misses = static_cast<double>(after.misses - before.misses);
         const auto steps = static_cast<double>(a.decode_tokens * a.repeats);
-        const int64_t mid_context = context + 2 + a.decode_tokens * a.repeats / 2;
+        const int64_t mid_context = context + 1 + untimed_steps(a, sparse) + a.decode_tokens * a.repeats / 2;
         // dense-offload's attention reads its other pages over the link itself (no Retrieve).
         const double link_pages = a.sparse_algorithm == "dense-offload"
                                       ? static_cast<double>(batch * (factory.decode_pages_read(spin::AttentionSettings{}, mid_context) -
@@ -561,10 +601,9 @@ void run_cuda(const BenchArgs& a) {
                     batch / step, step * 1e3, hit_rate.c_str(), retrieved / 1e9, hbm / 1e9, bound * 1e3,
                     100.0 * bound / step);
         std::fflush(stdout);
-        if (world == 1 && a.sparse_algorithm != "dense-offload") {
-          breakdown_rows.push_back(sparse_breakdown(*ranks.front(), *rank_factories.front(), settings, capacity,
-                                                    [&] { decode_step(0, batch); }, step, hbm / bandwidth,
-                                                    link_bandwidth, batch, context, a.cuda_graphs, warm_steps));
+        if (profile) {
+          breakdown_rows.push_back(
+              sparse_breakdown_row(*profile, batch, context, step, hbm / bandwidth, link_bandwidth));
         }
         continue;
       }
@@ -638,14 +677,16 @@ void run_cuda(const BenchArgs& a) {
   }
   if (!breakdown_rows.empty()) {
     std::printf("\nWhere a sparse step's time goes: %d eager steps (CUDA graphs off) with events between the "
-                "phases of each sparse layer, summed over layers; the first %d fill the caches and are not "
-                "counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
+                "phases of each sparse layer, summed over layers, right before the timed graph steps; the first "
+                "%d fill the caches and are not counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
                 "(same trace, same cache slots; each at the bytes a measured miss cost) at the bulk host-to-device "
-                "rate.\n\n",
+                "rate. The replays start from empty caches: where the LRU replay's hit rate is below the store's, "
+                "the replays are short of the store's history and Belady's is low too.\n\n",
                 warm_steps + kProfileSteps, warm_steps);
     std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | key rebuild ms | "
-                "attention ms | rest ms | hit rate | Belady hit rate | ideal ms/step | measured (graphs) / ideal |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | ideal ms/step | "
+                "measured (graphs) / ideal |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   const spin::ForwardStats s = *ranks.front()->forward_stats();

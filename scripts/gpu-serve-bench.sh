@@ -9,7 +9,8 @@
 # Env (defaults in brackets): SPIN_SERVE_MODES [dense quest; seer, shadowkv and dense-offload also
 # run; dense-offload slowly: a separate call; a sparse mode may name its own buffer factor, e.g.
 # quest:16, which its files and rows are labelled by (quest-x16)], SPIN_SERVE_RATES [0.4 0.8 1.6],
-# SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_OUTPUT_SCALE [SPIN_SERVE_SCALE: outputs
+# SPIN_SERVE_BURSTINESS [1: Poisson arrivals; larger is more regular, which pins a small run's
+# arrival rate near the one asked for], SPIN_SERVE_PROMPTS [24], SPIN_SERVE_SCALE [0.1], SPIN_SERVE_OUTPUT_SCALE [SPIN_SERVE_SCALE: outputs
 # only, so full-length prompts (SCALE 1) can run with short outputs], SPIN_SERVE_DEVICE_GB [4],
 # SPIN_SERVE_HOST_RATIO [2.5], SPIN_SERVE_MAX_LEN [16384], SPIN_SERVE_BUDGET [0.0156: the budget as a share of the context],
 # SPIN_SERVE_MODEL [qwen3-14b], SPIN_SERVE_TOKEN_IDS [1000:100000], SPIN_SERVE_SECONDS [270: per mode],
@@ -77,7 +78,7 @@ for spec in "${modes[@]}"; do
     continue
   fi
   timeout "$seconds" "$bin/spin" bench --base-url "http://127.0.0.1:$port/v1" --dataset-name longbench-v2 \
-    --length-scale "$scale" --output-length-scale "$output_scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
+    --length-scale "$scale" --output-length-scale "$output_scale" --num-prompts "$prompts" --request-rate "${rates[@]}" --burstiness "${SPIN_SERVE_BURSTINESS:-1}" --token-ids "${SPIN_SERVE_TOKEN_IDS:-1000:100000}" \
     --goodput ttft:10000 tpot:100 --timeout "${SPIN_SERVE_REQUEST_TIMEOUT:-240}" --json-out "$out/bench_$label.json" 2>&1 | tee "$out/bench_$label.log" \
     || { echo "!! $label: bench failed or ran out of time"; status=1; }
   http_get "http://127.0.0.1:$port/metrics" | grep -E '^spin_(kv|preempt|request|engine|model)' >"$out/metrics_$label.txt"
