@@ -2,7 +2,11 @@
 """Plots `spin bench --json-out` results of request-rate sweeps: throughput, TTFT, TPOT and E2E
 latency against the request rate, one line per result file (e.g. one per attention algorithm).
 
-usage: scripts/plot_bench.py OUT.png RESULT.json[=LABEL] [RESULT.json[=LABEL] ...]
+usage: scripts/plot_bench.py [--arrival-rate] OUT.png RESULT.json[+RESULT.json ...][=LABEL] ...
+
+Files joined by + are one line (runs of one mode from several calls). --arrival-rate puts each run
+at the rate its requests actually arrived, (requests - 1) / the seconds from the first to the last,
+instead of the rate asked for: a few Poisson arrivals can come far faster or slower.
 """
 import json
 import sys
@@ -13,12 +17,25 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def load(arg):
-    path, _, label = arg.partition("=")
-    with open(path) as f:
-        doc = json.load(f)
-    label = label or doc.get("extra_body", {}).get("spin", {}).get("algorithm") or path
-    runs = doc["runs"]
+def arrival_rate(run):
+    span = run.get("arrival_span_s", 0)
+    if span <= 0 or run["num_prompts"] < 2:
+        sys.exit(f"a run at {run['request_rate']} req/s has no arrival span to plot by (--arrival-rate)")
+    return (run["num_prompts"] - 1) / span
+
+
+def load(arg, by_arrival):
+    paths, _, label = arg.partition("=")
+    runs = []
+    for path in paths.split("+"):
+        with open(path) as f:
+            doc = json.load(f)
+        label = label or doc.get("extra_body", {}).get("spin", {}).get("algorithm") or path
+        runs += doc["runs"]
+    if by_arrival:
+        xs = [arrival_rate(r) for r in runs]
+        order = sorted(range(len(runs)), key=lambda i: xs[i])
+        return label, [xs[i] for i in order], [runs[i] for i in order], None
     finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
     # "inf" (all at once) sits one step right of the largest finite rate.
     inf_x = (max(finite) * 1.5) if finite else 1.0
@@ -28,6 +45,8 @@ def load(arg):
 
 
 def main(argv):
+    by_arrival = "--arrival-rate" in argv
+    argv = [a for a in argv if a != "--arrival-rate"]
     if len(argv) < 3:
         sys.exit(__doc__)
     out = argv[1]
@@ -36,14 +55,16 @@ def main(argv):
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     inf_marks = set()
     for arg in argv[2:]:
-        label, xs, runs, inf_x = load(arg)
+        label, xs, runs, inf_x = load(arg, by_arrival)
         if inf_x is not None:
             inf_marks.add(inf_x)
         for ax, (key, title, stat) in zip(axes, panels):
             ys = [r[key][stat] if stat else r[key] for r in runs]
             ax.plot(xs, ys, marker="o", label=label)
             ax.set_title(title)
-            ax.set_xlabel("request rate (req/s)")
+            ax.set_xlabel("arrival rate (req/s)" if by_arrival else "request rate (req/s)")
+            if by_arrival:
+                ax.set_xscale("log")
             ax.grid(True, alpha=0.3)
     for ax in axes:
         for x in inf_marks:
