@@ -902,7 +902,8 @@ void CudaKvStore::grow_prefill(std::vector<uint32_t>& groups, SparseKv& sp, int6
 
 void CudaKvStore::randomize_device_pages(uint64_t seed) {
   cuda_check(cudaSetDevice(device_), "cudaSetDevice");
-  cuda_check(cuda::fill_dummy_bf16(pool_.get(), static_cast<int64_t>(pool_.size()), seed, 0, 0.0f, 1.0f, nullptr),
+  const float rms_one = std::sqrt(3.0f);  // U(-a, a) has RMS a / sqrt(3)
+  cuda_check(cuda::fill_dummy_bf16(pool_.get(), static_cast<int64_t>(pool_.size()), seed, 0, 0.0f, rms_one, nullptr),
              "KV pool fill");
   cuda_check(cudaDeviceSynchronize(), "KV pool fill");
 }

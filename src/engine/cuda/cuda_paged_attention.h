@@ -137,8 +137,11 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   // host tier, summary chunks), and its first decode step indexes them. Throws kv::PoolExhausted
   // when short.
   void append_uncomputed(SequenceKv& kv, int64_t tokens);
-  // Benchmarks: every device page gets uniform random values in [-1, 1), so uncomputed keys rank
-  // differently for different queries (a sparse selection over all-equal keys would never change).
+  // Benchmarks: every device page gets uniform random values of RMS 1 (in [-√3, √3)), so uncomputed
+  // keys rank differently for different queries (a sparse selection over all-equal keys would never
+  // change). RMS 1 is the scale of the keys and values the dummy models compute (normed inputs,
+  // weights of standard deviation 1/sqrt(fan_in), norm gains near 1): at a smaller scale the pages
+  // decode writes would outrank the uncomputed ones and take over the selections as decode goes on.
   void randomize_device_pages(uint64_t seed);
   int64_t pool_bytes() const;
   int64_t page_size() const;
