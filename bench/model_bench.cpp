@@ -14,7 +14,7 @@
 //   --sparse-algorithm quest, seer, shadowkv or retroinfer: sparse decode over the two-tier store (a pinned host tier sized for
 //   the largest batch x context). The device pages get random values, each sequence's uncomputed
 //   context is indexed by its own first decode step, then the batch decodes (timed once its caches
-//   are full, right after the breakdown's profiled steps); the table gives the
+//   are full: on one GPU right after the breakdown's profiled steps); the table gives the
 //   time of that first step (the Index of the whole context: ShadowKV's factorisation is most of
 //   it; RetroInfer's k-means too), the cache hit rate, the bytes retrieved from the host tier per step (GPU 0's share), and the
 //   step's bound: its HBM bytes at the device copy rate plus its retrieved bytes at the bulk
@@ -251,7 +251,8 @@ constexpr int kProfileSteps = 12;
 // used before the trace is a miss only there. A cache of (1 + buffer_factor) selections fills in
 // (1 + buffer_factor) / (1 - hit rate) steps (15 at 5x and a 0.6 hit rate, 57 at 16x and 0.7):
 // six steps per selection cover hit rates up to 0.83. The LRU replay's hit rate beside the
-// store's shows whether that was enough.
+// store's shows whether that was enough for LRU. Belady keeps pages across longer gaps than LRU,
+// so it can need more history still: where it is short, the ideal reads high.
 int profile_warm_steps(double buffer_factor) {
   return std::max(12, 6 * (static_cast<int>(std::ceil(buffer_factor)) + 1));
 }
@@ -358,18 +359,19 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
   return spin::sparse::random_seer_gate(shape, 7);
 }
 
-// Untimed decode steps before the timed ones: one eager, one capturing the graph, and (sparse) the
-// breakdown's profiled steps, which fill the caches, so that the timed steps are the steady state
-// right after the profiled ones.
-int64_t untimed_steps(const BenchArgs& a, bool sparse) {
-  return 2 + (sparse ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
+// Whether the attention caches selected pages on the device (every sparse algorithm but
+// dense-offload, which reads the host tier in place).
+bool caches_pages(const BenchArgs& a) { return a.sparse_algorithm != "dense" && a.sparse_algorithm != "dense-offload"; }
+
+// Untimed decode steps before the timed ones: one eager, one capturing the graph, and where pages
+// are cached as many more as the breakdown profiles, so that the timed steps run on full caches.
+int64_t untimed_steps(const BenchArgs& a) {
+  return 2 + (caches_pages(a) ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
 }
 
-// Tokens a decode benchmark appends to a sequence after its context: its first step, the untimed
-// steps and the timed ones.
-int64_t decode_steps_per_sequence(const BenchArgs& a, bool sparse) {
-  return 1 + untimed_steps(a, sparse) + a.decode_tokens * a.repeats;
-}
+// Tokens a decode benchmark appends to a sequence after its context: (sparse) its first step, the
+// untimed steps and the timed ones.
+int64_t decode_steps_per_sequence(const BenchArgs& a) { return 1 + untimed_steps(a) + a.decode_tokens * a.repeats; }
 
 // Tokens --compare-sampling appends to a sequence after its context: 2 temperatures x (host, GPU)
 // x (2 untimed steps + the timed ones), with room to spare.
@@ -388,7 +390,7 @@ void run_cuda(const BenchArgs& a) {
   const int64_t max_context =
       std::max(*std::max_element(a.decode_contexts.begin(), a.decode_contexts.end()),
                *std::max_element(a.prefill_lengths.begin(), a.prefill_lengths.end())) +
-      std::max({a.decode_tokens * (a.repeats + 2), decode_steps_per_sequence(a, sparse),
+      std::max({a.decode_tokens * (a.repeats + 2), decode_steps_per_sequence(a),
                 compare_sampling ? sampling_comparison_steps(a) : int64_t{0}}) +
       8;
   spin::CudaModelOptions options;
@@ -522,7 +524,7 @@ void run_cuda(const BenchArgs& a) {
   }
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
-      const int64_t capacity = context + decode_steps_per_sequence(a, sparse);
+      const int64_t capacity = context + decode_steps_per_sequence(a);
       // Sparse: every sequence decoding, and the device pages of one still holding its whole context
       // (until its first decode step frees them; its host pages are counted already).
       const spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());
@@ -559,16 +561,16 @@ void run_cuda(const BenchArgs& a) {
         decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
         first_steps.push_back(seconds_since(start));
       }
-      // Untimed: one eager step, one capturing the graph, then (sparse) the breakdown's profiled
-      // steps, or as many graph steps where there is no breakdown, which fill the caches.
+      // Untimed: one eager step, one capturing the graph, then where pages are cached the
+      // breakdown's profiled steps (on one GPU) or as many graph steps, which fill the caches.
       decode_step(0, batch);
       decode_step(0, batch);
       std::optional<SparseProfile> profile;
-      if (sparse && world == 1 && a.sparse_algorithm != "dense-offload") {
+      if (caches_pages(a) && world == 1) {
         profile = profile_sparse_steps(*ranks.front(), *rank_factories.front(), settings, capacity,
                                        [&] { decode_step(0, batch); }, a.cuda_graphs, warm_steps);
       } else {
-        for (int64_t i = 2; i < untimed_steps(a, sparse); ++i) decode_step(0, batch);
+        for (int64_t i = 2; i < untimed_steps(a); ++i) decode_step(0, batch);
       }
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
       std::vector<double> step_seconds;
@@ -583,7 +585,7 @@ void run_cuda(const BenchArgs& a) {
         const auto hits = static_cast<double>(after.hits - before.hits);
         const auto misses = static_cast<double>(after.misses - before.misses);
         const auto steps = static_cast<double>(a.decode_tokens * a.repeats);
-        const int64_t mid_context = context + 1 + untimed_steps(a, sparse) + a.decode_tokens * a.repeats / 2;
+        const int64_t mid_context = context + 1 + untimed_steps(a) + a.decode_tokens * a.repeats / 2;
         // dense-offload's attention reads its other pages over the link itself (no Retrieve).
         const double link_pages = a.sparse_algorithm == "dense-offload"
                                       ? static_cast<double>(batch * (factory.decode_pages_read(spin::AttentionSettings{}, mid_context) -

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots `spin bench --json-out` results of request-rate sweeps: throughput, TTFT, TPOT and E2E
-latency against the request rate, one line per result file (e.g. one per attention algorithm).
+latency against the request rate (or the arrival rate), one line per label (e.g. one per attention
+algorithm).
 
 usage: scripts/plot_bench.py [--arrival-rate] OUT.png RESULT.json[+RESULT.json ...][=LABEL] ...
 
@@ -18,9 +19,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def arrival_rate(run):
-    span = run.get("arrival_span_s", 0)
-    if span <= 0 or run["num_prompts"] < 2:
-        sys.exit(f"a run at {run['request_rate']} req/s has no arrival span to plot by (--arrival-rate)")
+    rate = run["request_rate"]
+    if rate == "inf":
+        sys.exit("--arrival-rate: a run at rate inf sends every request at once and has no arrival rate")
+    if run["num_prompts"] < 2:
+        sys.exit(f"--arrival-rate: the run at {rate} req/s has {run['num_prompts']} request; an arrival rate needs 2")
+    span = run.get("arrival_span_s") or 0
+    if span <= 0:
+        sys.exit(f"--arrival-rate: the run at {rate} req/s records no arrival span (arrival_span_s)")
     return (run["num_prompts"] - 1) / span
 
 

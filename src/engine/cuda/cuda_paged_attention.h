@@ -141,7 +141,8 @@ class CudaPagedAttentionFactory final : public AttentionFactory {
   // keys rank differently for different queries (a sparse selection over all-equal keys would never
   // change). RMS 1 is the scale of the keys and values the dummy models compute (normed inputs,
   // weights of standard deviation 1/sqrt(fan_in), norm gains near 1): at a smaller scale the pages
-  // decode writes would outrank the uncomputed ones and take over the selections as decode goes on.
+  // decode writes would likely outrank the uncomputed ones and take more of the selections as
+  // decode goes on.
   void randomize_device_pages(uint64_t seed);
   int64_t pool_bytes() const;
   int64_t page_size() const;
