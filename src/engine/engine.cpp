@@ -625,7 +625,7 @@ StepReport Engine::step() {
       for (size_t i = 0; i < scheduled.size(); ++i) {
         const Request& r = *scheduled[i].first;
         const SamplingParams& p = r.params.sampling;
-        sampling.push_back(DeviceSampling{.temperature = p.temperature,
+        sampling.push_back(DeviceSampling{.temperature = p.greedy() ? 0.0f : p.temperature,
                                           .top_k = p.top_k,
                                           .top_p = p.top_p,
                                           .min_p = p.min_p,

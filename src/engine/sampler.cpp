@@ -25,7 +25,7 @@ int32_t argmax(std::span<const float> values) {
 }
 
 int32_t Sampler::sample(std::span<const float> logits) {
-  if (params_.temperature == 0.0f || params_.top_k == 1) return argmax(logits);
+  if (params_.greedy()) return argmax(logits);
   const int32_t vocab = static_cast<int32_t>(logits.size());
 
   // Candidates: the top-k by logit when top-k is on (filters apply in vLLM's and llama.cpp's

@@ -8,6 +8,10 @@
 
 namespace spin {
 
+// Temperatures below this draw greedily, as vLLM's do: 1 / temperature overflows float below
+// about 1e-38, and long before that every draw is the argmax anyway.
+inline constexpr float kGreedyBelowTemperature = 1e-5f;
+
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
   int top_k = 0;             // 0 = off
@@ -17,6 +21,7 @@ struct SamplingParams {
 
   // Throws spin::Error naming the bad field (negative temperature, top_p outside (0, 1], ...).
   void validate() const;
+  bool greedy() const { return temperature < kGreedyBelowTemperature || top_k == 1; }
 };
 
 class Sampler {

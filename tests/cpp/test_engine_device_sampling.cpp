@@ -75,7 +75,9 @@ TEST(EngineDeviceSampling, SeedsStepsAndLogitsReachTheModel) {
   RequestParams keyed = greedy(9);
   keyed.sampling.temperature = 0.8f;
   keyed.sampling.top_p = 0.9f;
-  std::vector<RequestParams> params = {greedy(12), keyed, keyed, greedy(6)};
+  RequestParams nearly_greedy = greedy(12);
+  nearly_greedy.sampling.temperature = 1e-30f;  // below kGreedyBelowTemperature: drawn as greedy
+  std::vector<RequestParams> params = {nearly_greedy, keyed, keyed, greedy(6)};
   params[1].sampling.seed = 41;
   params[2].sampling.seed = 977;
   params[3].top_logprobs = 2;  // the only request that wants logprobs, and it finishes first

@@ -25,6 +25,16 @@ TEST(Sampler, GreedyPicksArgmax) {
   EXPECT_EQ(s.sample(std::vector<float>{0.1f, 3.0f, -1.0f, 2.9f}), 1);
 }
 
+TEST(Sampler, TinyTemperaturesAreGreedy) {
+  // The argmax is not the last token: a draw that fell through its loop would pick the last.
+  const std::vector<float> logits{0.1f, 3.0f, -1.0f, 2.9f, 0.5f};
+  for (const float t : {1e-40f, 1e-38f, 1e-6f}) {
+    auto h = histogram({t, 0, 1.0f, 0.0f, {}}, logits, 200);
+    EXPECT_EQ(h.size(), 1u) << t;
+    EXPECT_EQ(h[1], 200) << t;
+  }
+}
+
 TEST(Sampler, TopKKeepsOnlyTheKLargest) {
   const std::vector<float> logits{1.0f, 5.0f, 4.0f, 0.0f, 4.5f};
   auto h = histogram({1.0f, 2, 1.0f, 0.0f, {}}, logits, 2000);
