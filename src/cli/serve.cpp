@@ -1,6 +1,7 @@
 // `spin serve`: the OpenAI-compatible server. It listens first (/health says 503 while the model
 // loads), then serves until SIGINT or SIGTERM.
 #include <pthread.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -8,9 +9,11 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "cli/backend.h"
@@ -66,13 +69,23 @@ void run_serve(ServeArgs a) {
              "--max-num-seqs must be in 1..4096, got {}", a.engine.max_num_seqs);
   SPIN_CHECK(a.engine.max_waiting >= 0 && a.engine.max_waiting <= 65536,
              "--max-waiting must be in 0..65536, got {}", a.engine.max_waiting);
-  // Each client connection holds a thread while its request runs; a few spare for /health etc.
+  // Each client connection holds a thread while its request runs, so every request the engine
+  // would run or queue has one and the engine's 503 answers the rest (a smaller pool would queue
+  // them unbounded); a few spare for /health etc. bind() starts them all, and refuses to start
+  // when the system has too few threads to give.
   a.server.threads = static_cast<int>(a.engine.max_num_seqs + a.engine.max_waiting + 16);
   server::HttpServer http(a.server);
   const int port = http.bind();
   std::atomic<bool> listening_ended{false};
+  std::exception_ptr listen_error;  // read after the listener is joined
   std::thread listener([&] {
-    http.listen();
+    try {
+      http.listen();
+    } catch (...) {
+      // The server cannot take connections: shut down (the sigwait below) and report it.
+      listen_error = std::current_exception();
+      kill(getpid(), SIGTERM);
+    }
     listening_ended = true;
   });
   // httplib ignores a stop() that comes before its listen loop runs (an early error, such as a
@@ -98,7 +111,18 @@ void run_serve(ServeArgs a) {
   Backend backend = make_backend(a.load, a.backend, a.engine);
   const LoadedModel& model = *backend.model;
   Engine engine(*backend.forward, model.tokenizer.get(), a.engine, std::move(backend.attention));
-  engine.validate_attention(attention);
+  // The default attention must admit the smallest request (one prompt token, one to generate), or
+  // every request without a "spin" object would be refused.
+  try {
+    const std::vector<int32_t> smallest_prompt{0};
+    RequestParams smallest;
+    smallest.max_tokens = 1;
+    smallest.attention = attention;
+    engine.validate_request(smallest_prompt, smallest);
+  } catch (const InvalidRequest& e) {
+    fail("the default attention '{}' (--sparse-algorithm) would refuse every request: {}", attention.algorithm,
+         e.what());
+  }
   engine.start();
   const std::string name = a.served_model_name.empty() ? model.name : a.served_model_name;
   http.attach(&engine, model.tokenizer.get(), name, attention);
@@ -119,6 +143,7 @@ void run_serve(ServeArgs a) {
   // the HTTP workers can be joined.
   engine.stop();
   stop_http.now();
+  if (listen_error) std::rethrow_exception(listen_error);
 }
 
 }  // namespace

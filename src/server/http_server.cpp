@@ -8,10 +8,15 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "server/openai_api.h"
@@ -199,7 +204,101 @@ struct StreamResponse {
   }
 };
 
+// Reads a request body of at most `limit` bytes into `body`. httplib 0.11 applies its payload
+// limit to a Content-Length body only: a chunked one, or one that runs to the end of the stream,
+// it would read whole. Past the limit the rest is read and dropped (as httplib skips an
+// oversized Content-Length body), so the connection stays in step for its next request. Returns
+// false with res.status set (413 past the limit) when there is no body to handle.
+bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+               size_t limit, std::string& body) {
+  size_t received = 0;
+  auto keep = [&](const char* data, size_t size) {
+    received += size;
+    if (received <= limit) body.append(data, size);
+    return true;
+  };
+  // A multipart body is no API request: it is counted and dropped (the JSON parse then refuses it).
+  const bool read = req.is_multipart_form_data()
+                        ? reader([](const httplib::MultipartFormData&) { return true; },
+                                 [&](const char*, size_t size) {
+                                   received += size;
+                                   return true;
+                                 })
+                        : reader(keep);
+  if (received > limit) {
+    res.status = 413;
+  } else if (!read && res.status < 400) {
+    res.status = 400;
+  }
+  if (res.status >= 400) {
+    body.clear();
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+// The connection threads, as httplib's ThreadPool, but started by bind() on the caller's thread:
+// httplib starts its own pool in the listening thread, where a thread that cannot start (too many
+// for the system's limits) ends the process.
+class ConnectionPool final : public httplib::TaskQueue {
+ public:
+  explicit ConnectionPool(size_t size) {
+    threads_.reserve(size);
+    try {
+      for (size_t i = 0; i < size; ++i) threads_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {
+      const size_t started = threads_.size();
+      shutdown();
+      fail("cannot start {} HTTP connection threads (one per request running or queued: --max-num-seqs + "
+           "--max-waiting + 16; {} started): {}; lower --max-waiting or raise the system's thread limits",
+           size, started, e.what());
+    }
+  }
+  ~ConnectionPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> job) override {
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    job_ready_.notify_one();
+  }
+
+  // Runs the jobs queued so far, then ends the threads. Called again, it does nothing.
+  void shutdown() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    job_ready_.notify_all();
+    for (std::thread& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        job_ready_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::condition_variable job_ready_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+};
 
 struct HttpServer::State {
   std::atomic<Engine*> engine{nullptr};
@@ -237,6 +336,7 @@ int HttpServer::bind() {
                config_.host, config_.port);
   }
   raise_listen_backlog();
+  pool_ = std::make_unique<ConnectionPool>(static_cast<size_t>(config_.threads));
   return config_.port;
 }
 
@@ -248,7 +348,12 @@ void HttpServer::raise_listen_backlog() {
              config_.host, config_.port);
 }
 
-void HttpServer::listen() { http_->listen_after_bind(); }
+void HttpServer::listen() {
+  SPIN_CHECK(pool_, "the HTTP server listens once, after bind()");
+  // httplib answers false when accept() fails (not after stop()): no connection is taken then.
+  SPIN_CHECK(http_->listen_after_bind(), "the HTTP server on {}:{} stopped accepting connections", config_.host,
+             config_.port);
+}
 
 void HttpServer::stop() {
   if (http_) http_->stop();
@@ -262,6 +367,8 @@ void HttpServer::attach(Engine* engine, const Tokenizer* tokenizer, std::string 
   st.ctx.model_name = std::move(model_name);
   st.ctx.max_model_len = engine->config().max_model_len;
   st.ctx.vocab_size = engine->model_config().vocab_size;
+  st.ctx.max_running = engine->config().max_num_seqs;
+  st.ctx.max_waiting = engine->config().max_waiting;
   st.ctx.algorithms = engine->algorithms();
   st.ctx.validate_attention = [engine](const AttentionSettings& s) { engine->validate_attention(s); };
   st.chat_template_error = "the model has no tokenizer";
@@ -286,8 +393,7 @@ Engine& live_engine(HttpServer::State& st);
 void HttpServer::install_routes() {
   httplib::Server& http = *http_;
   std::shared_ptr<State> st = state_;
-  const int threads = config_.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.new_task_queue = [this] { return pool_.release(); };
   http.set_payload_max_length(config_.max_body_bytes);
   // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port.
   http.set_socket_options([this](int fd) {
@@ -331,9 +437,9 @@ void HttpServer::install_routes() {
   // Every API handler: exceptions become OpenAI-style errors (error_reply); the server's own
   // failures are logged.
   auto guarded = [](auto handler) {
-    return [handler](const httplib::Request& req, httplib::Response& res) {
+    return [handler](const httplib::Request& req, httplib::Response& res, const auto&... body) {
       try {
-        handler(req, res);
+        handler(req, res, body...);
       } catch (...) {
         const ErrorReply e = error_reply(std::current_exception());
         if (e.server_fault()) spdlog::error("{} {}: {}", req.method, req.path, e.message);
@@ -366,7 +472,7 @@ void HttpServer::install_routes() {
   }));
 
   auto generate = [st](Endpoint ep) {
-    return [st, ep](const httplib::Request& req, httplib::Response& res) {
+    return [st, ep](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       Engine& engine = live_engine(*st);
       if (ep == Endpoint::ChatCompletions && !st->ctx.chat_template) {
         throw ApiError(400, "invalid_request_error",
@@ -374,7 +480,7 @@ void HttpServer::install_routes() {
                            "): use /v1/completions");
       }
       const auto t0 = std::chrono::steady_clock::now();
-      ParsedRequest pr = parse_request(ep, req.body, st->ctx);
+      ParsedRequest pr = parse_request(ep, body, st->ctx);
       const std::string id = st->make_id(ep);
       const int64_t created = unix_now();
       const std::string& model = st->ctx.model_name;
@@ -471,8 +577,23 @@ void HttpServer::install_routes() {
           });
     };
   };
-  http.Post("/v1/completions", guarded(generate(Endpoint::Completions)));
-  http.Post("/v1/chat/completions", guarded(generate(Endpoint::ChatCompletions)));
+  // Every request with a body reads it with read_body (httplib would read a chunked body whole):
+  // the API's POST routes, and any other POST, PUT, PATCH or DELETE, which then gets a 404 from
+  // the error handler.
+  auto with_body = [st](auto handler) {
+    return [st, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (read_body(req, res, reader, st->config.max_body_bytes, body)) handler(req, res, body);
+    };
+  };
+  http.Post("/v1/completions", with_body(guarded(generate(Endpoint::Completions))));
+  http.Post("/v1/chat/completions", with_body(guarded(generate(Endpoint::ChatCompletions))));
+  const auto no_route =
+      with_body([](const httplib::Request&, httplib::Response& res, const std::string&) { res.status = 404; });
+  http.Post(".*", no_route);
+  http.Put(".*", no_route);
+  http.Patch(".*", no_route);
+  http.Delete(".*", no_route);
 }
 
 bool run_stream_provider(httplib::DataSink& sink, const std::function<bool()>& provide,

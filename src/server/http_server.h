@@ -27,14 +27,18 @@ struct ServerConfig {
   int threads = 64;              // connection threads (each streaming client holds one)
 };
 
+class ConnectionPool;  // the connection threads (http_server.cpp)
+
 class HttpServer {
  public:
   explicit HttpServer(const ServerConfig& config);
   ~HttpServer();
 
-  // Binds the socket; returns the port (useful with port 0). Throws spin::Error on failure.
+  // Binds the socket and starts the connection threads; returns the port (useful with port 0).
+  // Throws spin::Error on failure.
   int bind();
-  // Serves until stop(); blocks.
+  // Serves until stop(); blocks. Call once, after bind(). Throws spin::Error when it stops
+  // accepting connections for another reason.
   void listen();
   void stop();
 
@@ -52,6 +56,7 @@ class HttpServer {
   ServerConfig config_;
   int listen_fd_ = -1;  // the socket httplib bound last (captured in its socket-options hook)
   std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionPool> pool_;  // started by bind(), handed to httplib by listen()
   std::shared_ptr<State> state_;
 };
 

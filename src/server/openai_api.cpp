@@ -363,6 +363,12 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   }
   if (auto n = get_int(body, "n")) {
     if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in 1..{}, got {}", kMaxChoices, *n));
+    const int64_t capacity = ctx.max_running + ctx.max_waiting;
+    if (capacity > 0 && *n > capacity) {
+      bad_request("n", fmt::format("'n' is {} but this server holds at most {} requests at once ({} running, {} "
+                                   "waiting) and each choice is one",
+                                   *n, capacity, ctx.max_running, ctx.max_waiting));
+    }
     r.n = *n;
   }
   r.stream = get_bool(body, "stream").value_or(false);

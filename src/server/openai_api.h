@@ -71,6 +71,10 @@ struct ApiContext {
   std::string model_name;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;  // the model's: prompt token ids must be below it
+  // Engine requests running and queued at once (--max-num-seqs, --max-waiting); each choice of
+  // 'n' is one, so a larger 'n' could never be admitted. 0: no limit.
+  int64_t max_running = 0;
+  int64_t max_waiting = 0;
   std::vector<std::string> algorithms;
   AttentionSettings default_attention;  // the server's --sparse-algorithm / --sparse-budget
   // Throws spin::Error when the engine would refuse these settings (null: not checked here).

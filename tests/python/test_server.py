@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import time
@@ -411,6 +412,61 @@ def test_client_errors(server, hf_tokenizer):
     assert server.request("GET", "/health")[0] == 200
 
 
+def send_chunked(port, path, body, chunk=1 << 16):
+    """POSTs body with Transfer-Encoding: chunked on a raw socket; returns the socket and the response."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=120)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    for i in range(0, len(body), chunk):
+        part = body[i:i + chunk]
+        sock.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
+    sock.sendall(b"0\r\n\r\n")
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    return sock, (resp.status, dict(resp.getheaders()), resp.read())
+
+
+def test_chunked_body_over_the_limit_is_413(server):
+    # httplib limits only a Content-Length body: a chunked one must meet the same 8 MiB limit.
+    too_big = b"{\"prompt\": \"" + b"a" * (9 << 20) + b"\"}"
+    for path in ("/v1/completions", "/v1/nothing-here"):
+        sock, result = send_chunked(server.port, path, too_big)
+        err = assert_error(result, 413)
+        assert err["code"] == "request_too_large"
+        # The rest of the body was read and dropped: the connection serves its next request.
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200
+        sock.close()
+    sock, (status, _, body) = send_chunked(server.port, "/v1/completions",
+                                           json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), chunk=5)
+    sock.close()
+    assert status == 200, body
+
+
+def test_too_many_connection_threads_is_a_startup_error(spin_bin, test_model):
+    # A thread per request running or queued: with the address space capped, --max-waiting 65536
+    # cannot have them all. That must be a clear error before loading, not an abort after it.
+    def cap_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    proc = subprocess.run([str(spin_bin), "serve", "--model", str(test_model), "--port", str(free_port()),
+                           "--max-waiting", "65536"], capture_output=True, text=True, timeout=120,
+                          preexec_fn=cap_address_space)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert re.search(r"cannot start \d+ HTTP connection threads", proc.stderr) and "--max-waiting" in proc.stderr
+    assert "serving" not in proc.stdout
+
+
+def test_default_attention_that_refuses_every_request_is_a_startup_error(run_spin, test_model):
+    proc = run_spin("serve", "--model", test_model, "--port", free_port(), "--max-model-len", 256,
+                    "--max-num-batched-tokens", 2, "--sparse-algorithm", "quest", expect_ok=False, timeout=120)
+    assert proc.returncode == 1
+    assert "--sparse-algorithm" in proc.stderr and "--max-num-batched-tokens >= 3 (it is 2)" in proc.stderr
+    assert "serving" not in proc.stdout
+
+
 def test_api_key(server):
     err = assert_error(server.api("/v1/completions", {"prompt": "hi", "max_tokens": 1}, key=None), 401)
     assert err["code"] == "invalid_api_key"
@@ -536,6 +592,11 @@ def test_overload_is_503(spin_bin, test_model, test_tmp):
         err = assert_error(small.api("/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=None), 503)
         assert err["type"] == "service_unavailable"
         sock.close()
+        assert wait_for(lambda: small.metrics()["spin_num_requests_running"] == 0)
+        # More choices than the server ever holds could never run: the client's mistake, nothing queued.
+        err = assert_error(small.api("/v1/completions", {"prompt": "hi", "max_tokens": 3, "n": 2}, key=None), 400,
+                           "n", ["'n' is 2", "at most 1 requests"])
+        assert err["type"] == "invalid_request_error"
         assert wait_for(lambda: small.metrics()["spin_num_requests_running"] == 0)
         assert small.api("/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=None)[0] == 200
     finally:
