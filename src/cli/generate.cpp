@@ -38,6 +38,9 @@ struct GenerateArgs {
   int threads = 0;
   std::string logits_out;
   std::string ids_out;
+  // Whether each flag was given (an empty value is then an error, not a missing flag).
+  bool prompt_given = false;
+  bool prompt_ids_given = false;
 };
 
 std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokenizer) {
@@ -54,9 +57,23 @@ std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokeni
   return tokenizer->encode_prompt(text);
 }
 
+// Opens `path` for writing now, so that a path that cannot be written fails before the model
+// loads and generates, not after.
+std::ofstream open_output(const std::string& path, const char* flag) {
+  std::ofstream out(path, std::ios::binary);
+  SPIN_CHECK(out.good(), "{}: cannot write '{}'", flag, path);
+  return out;
+}
+
 void run_generate(const GenerateArgs& a) {
-  SPIN_CHECK(a.prompt.empty() != a.prompt_ids.empty(), "give exactly one of --prompt and --prompt-ids");
-  SPIN_CHECK(!(a.chat && !a.prompt_ids.empty()), "--chat needs --prompt (text), not --prompt-ids");
+  SPIN_CHECK(a.prompt_given != a.prompt_ids_given, "give exactly one of --prompt and --prompt-ids");
+  SPIN_CHECK(!a.prompt_given || !a.prompt.empty(), "--prompt is empty");
+  SPIN_CHECK(!a.prompt_ids_given || !a.prompt_ids.empty(), "--prompt-ids is empty");
+  SPIN_CHECK(!(a.chat && a.prompt_ids_given), "--chat needs --prompt (text), not --prompt-ids");
+  SPIN_CHECK(a.system.empty() || a.chat, "--system needs --chat (it is a chat message)");
+  std::optional<std::ofstream> ids_file;
+  if (!a.ids_out.empty()) ids_file = open_output(a.ids_out, "--ids-out");
+  if (!a.logits_out.empty()) open_output(a.logits_out, "--logits-out");
   cpu::set_num_threads(a.threads);
   const auto t_load = std::chrono::steady_clock::now();
   LoadedModel model = load_model(a.load);
@@ -85,12 +102,11 @@ void run_generate(const GenerateArgs& a) {
     write_npy(a.logits_out, prompt_logits,
               {static_cast<int64_t>(prompt.size()), model.weights.config.vocab_size});
   }
-  if (!a.ids_out.empty()) {
-    std::ofstream out(a.ids_out);
-    SPIN_CHECK(out.good(), "cannot write '{}'", a.ids_out);
-    out << nlohmann::json{{"prompt_ids", prompt}, {"output_ids", r.output_ids},
-                          {"finish_reason", r.finish_reason}}.dump()
-        << "\n";
+  if (ids_file) {
+    *ids_file << nlohmann::json{{"prompt_ids", prompt}, {"output_ids", r.output_ids},
+                                {"finish_reason", r.finish_reason}}.dump()
+              << "\n";
+    SPIN_CHECK(ids_file->flush().good(), "--ids-out: cannot write '{}'", a.ids_out);
   }
   const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;
@@ -107,8 +123,8 @@ void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from one prompt, streaming it");
   add_model_options(*cmd, args->load);
-  cmd->add_option("-p,--prompt", args->prompt, "prompt text");
-  cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids");
+  CLI::Option* prompt = cmd->add_option("-p,--prompt", args->prompt, "prompt text");
+  CLI::Option* prompt_ids = cmd->add_option("--prompt-ids", args->prompt_ids, "prompt as comma-separated token ids");
   cmd->add_flag("--chat", args->chat, "wrap the prompt in the model's chat template");
   cmd->add_option("--system", args->system, "system message (with --chat)");
   cmd->add_option("-n,--max-tokens", args->gen.max_tokens, "tokens to generate")
@@ -126,7 +142,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
   cmd->add_option("--logits-out", args->logits_out, "write the logits of every prompt position (.npy)");
   cmd->add_option("--ids-out", args->ids_out, "write prompt and output token ids (JSON)");
-  cmd->callback([args] { run_generate(*args); });
+  cmd->callback([args, prompt, prompt_ids] {
+    args->prompt_given = prompt->count() > 0;
+    args->prompt_ids_given = prompt_ids->count() > 0;
+    run_generate(*args);
+  });
 }
 
 }  // namespace spin::cli

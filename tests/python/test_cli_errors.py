@@ -1,0 +1,36 @@
+"""`spin generate`'s flag errors: each mistake fails before the model loads, with a message naming
+the flag; and a near-zero temperature draws the greedy tokens, not garbage."""
+import json
+
+TINY = ["--model", "tiny-llama", "--load-format", "dummy"]
+
+
+def test_empty_prompt_is_named(run_spin):
+    for flag in ("--prompt", "--prompt-ids"):
+        proc = run_spin("generate", *TINY, flag, "", "-n", 1, expect_ok=False)
+        assert f"{flag} is empty" in proc.stderr
+
+
+def test_system_without_chat_is_refused(run_spin):
+    proc = run_spin("generate", *TINY, "--prompt-ids", "1,2", "--system", "be brief", "-n", 1, expect_ok=False)
+    assert "--system needs --chat" in proc.stderr
+
+
+def test_unwritable_ids_out_fails_before_generating(run_spin, test_tmp):
+    missing_dir = test_tmp / "no-such-dir" / "ids.json"
+    for flag in ("--ids-out", "--logits-out"):
+        proc = run_spin("generate", *TINY, "--prompt-ids", "1,2", "-n", 4, flag, missing_dir, expect_ok=False)
+        assert f"{flag}: cannot write" in proc.stderr
+        assert "loaded" not in proc.stderr, "the path must be checked before the model loads"
+        assert proc.stdout == ""
+
+
+def test_tiny_temperature_draws_greedily(run_spin, test_tmp):
+    outputs = {}
+    for temperature in ("0", "1e-40"):
+        path = test_tmp / f"ids_t{temperature}.json"
+        run_spin("generate", *TINY, "--prompt-ids", "5,6,7,8", "-n", 12, "--temperature", temperature,
+                 "--top-k", 0, "--top-p", 1, "--min-p", 0, "--seed", 3, "--ignore-eos", "--ids-out", path)
+        outputs[temperature] = json.loads(path.read_text())["output_ids"]
+    assert len(outputs["0"]) == 12
+    assert outputs["1e-40"] == outputs["0"]
