@@ -331,7 +331,8 @@ int HttpServer::bind() {
     SPIN_CHECK(port > 0, "cannot listen on {} (any port)", config_.host);
     config_.port = port;
   } else {
-    SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 1..65535, got {}", config_.port);
+    SPIN_CHECK(config_.port > 0 && config_.port < 65536, "--port must be in 0..65535 (0: any free port), got {}",
+               config_.port);
     SPIN_CHECK(http_->bind_to_port(config_.host, config_.port), "cannot listen on {}:{} (in use, or a bad address?)",
                config_.host, config_.port);
   }
