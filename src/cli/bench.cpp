@@ -520,6 +520,18 @@ void run_bench(const BenchArgs& a) {
     f << doc.dump(2) << "\n";
     SPIN_CHECK(f.good(), "cannot write {}", a.json_out);
   }
+  // A rate where no request completed measured nothing (its latencies read 0): fail the command
+  // so scripts see it, after the report. Some failures at a rate are data; all of them are not.
+  std::vector<std::string> failed_rates;
+  std::string first_error;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (runs[i]["completed"].get<int64_t>() > 0) continue;
+    failed_rates.push_back(a.request_rates[i]);
+    const json& errors = runs[i]["errors"];
+    if (first_error.empty() && !errors.empty()) first_error = errors.front().get<std::string>();
+  }
+  SPIN_CHECK(failed_rates.empty(), "no request completed at request rate {} (first error: {})",
+             fmt::join(failed_rates, ", "), first_error);
 }
 
 }  // namespace

@@ -1,9 +1,12 @@
-"""`spin bench` against a live `spin serve` on SmolLM2 with a tiny workload.
+"""`spin bench` against a live `spin serve` on SmolLM2 with a tiny workload, and against a fake
+server whose requests fail on purpose.
 
 References: the workload the test asks for (with --range-ratio 0 every prompt and output has the
 asked length), the server's own /metrics token counters, and the order statistics' definition.
 """
+import http.server
 import json
+import threading
 
 from test_server import Server
 
@@ -120,3 +123,89 @@ def test_bench_rejects_bad_flags(run_spin):
                           (["--extra-body", "[1]"], "JSON object")]:
         proc = run_spin("bench", "--model", "m", *args, expect_ok=False)
         assert message in proc.stderr, (args, proc.stderr)
+
+
+class FakeCompletions:
+    """An OpenAI-style /v1/completions server whose first `failures` requests get HTTP 400 and the
+    rest a one-token stream; GET /metrics is 404, so bench samples no batch."""
+
+    def __init__(self, failures):
+        self.failures = failures
+        self.requests = 0
+        lock = threading.Lock()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with lock:
+                    fake.requests += 1
+                    fail = fake.requests <= fake.failures
+                if fail:
+                    self.reply(400, "application/json", json.dumps({"error": {"message": "bad request"}}))
+                    return
+                chunks = [{"choices": [{"text": "a", "finish_reason": None}]},
+                          {"choices": [{"text": "", "finish_reason": "length"}], "usage": {"completion_tokens": 1}}]
+                self.reply(200, "text/event-stream",
+                           "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n")
+
+            def do_GET(self):
+                self.reply(404, "text/plain", "")
+
+            def reply(self, status, content_type, body):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def bench_fake(run_spin, test_tmp, url, name, *args, expect_ok):
+    out = test_tmp / f"bench_{name}.json"
+    out.unlink(missing_ok=True)
+    proc = run_spin("bench", "--base-url", url, "--model", "m", "--num-prompts", 2, "--input-len", 4,
+                    "--output-len", 1, "--max-concurrency", 1, "--json-out", out, *args, expect_ok=expect_ok,
+                    timeout=60)
+    return proc, json.loads(out.read_text())["runs"]
+
+
+def test_bench_fails_when_no_request_completes(run_spin, test_tmp):
+    # Nothing listens on port 1: every request fails to connect. The report is still written.
+    proc, runs = bench_fake(run_spin, test_tmp, "http://127.0.0.1:1", "refused", expect_ok=False)
+    assert runs[0]["completed"] == 0 and runs[0]["failed"] == 2
+    assert "no request completed at request rate inf" in proc.stderr, proc.stderr
+    assert "0/2 completed" in proc.stdout
+
+    fake = FakeCompletions(failures=2)
+    try:
+        # Every request of the first rate gets a 400, every one of the second completes: the error
+        # names the first rate only.
+        proc, runs = bench_fake(run_spin, test_tmp, fake.url, "rejected", "--request-rate", "inf", "1000",
+                                expect_ok=False)
+        assert [r["completed"] for r in runs] == [0, 2]
+        assert "no request completed at request rate inf (first error: HTTP 400: bad request)" in proc.stderr, \
+            proc.stderr
+    finally:
+        fake.close()
+
+
+def test_bench_succeeds_when_some_requests_complete(run_spin, test_tmp):
+    fake = FakeCompletions(failures=1)
+    try:
+        _, runs = bench_fake(run_spin, test_tmp, fake.url, "partial", expect_ok=True)
+        assert runs[0]["completed"] == 1 and runs[0]["failed"] == 1
+        assert runs[0]["errors"] == ["HTTP 400: bad request"]
+    finally:
+        fake.close()
