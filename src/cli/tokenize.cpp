@@ -1,4 +1,5 @@
 // `spin tokenize`: text -> token ids (and ids -> text), reading only the tokenizer of a model.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -28,9 +29,18 @@ struct TokenizeArgs {
   bool no_special = false;
 };
 
-std::string read_file(const std::string& path) {
+// Opens an input file; pipes and devices such as /dev/stdin are fine.
+std::ifstream open_input(const std::string& path) {
+  // On Linux an ifstream opens a directory without error and then reads nothing.
+  std::error_code ec;
+  SPIN_CHECK(!std::filesystem::is_directory(path, ec), "'{}' is a directory, not a file", path);
   std::ifstream in(path, std::ios::binary);
   SPIN_CHECK(in, "cannot open '{}'", path);
+  return in;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in = open_input(path);
   std::ostringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
@@ -48,8 +58,7 @@ void print_ids(const std::vector<int32_t>& ids, bool as_json) {
 // Each line of `path` is a JSON value; calls fn on it (1-based line number for messages).
 template <typename Fn>
 void for_each_json_line(const std::string& path, Fn fn) {
-  std::ifstream in(path, std::ios::binary);
-  SPIN_CHECK(in, "cannot open '{}'", path);
+  std::ifstream in = open_input(path);
   std::string line;
   for (size_t number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;

@@ -371,3 +371,15 @@ def test_bad_inputs_are_clear_errors():
         json.dump(CONVERSATIONS[0], f)
     proc = run_spin("--model", directory, "--chat-json", path, check=False)
     assert proc.returncode == 1 and b"unknown chat template" in proc.stderr
+
+
+def test_directory_inputs_are_clear_errors():
+    directory = os.path.dirname(tmp_path("any"))
+    for flag in ("--file", "--jsonl-in", "--decode-jsonl", "--chat-json"):
+        proc = run_spin("--model", MODEL, flag, directory, check=False)
+        assert proc.returncode == 1 and f"'{directory}' is a directory".encode() in proc.stderr, \
+            (flag, proc.stderr)
+    # A pipe is not a regular file either, and still reads.
+    proc = subprocess.run([SPIN, "tokenize", "--model", MODEL, "--jsonl-in", "/dev/stdin"], input=b'"hi"\n',
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0 and len(json.loads(proc.stdout)) >= 1, proc.stderr
