@@ -507,11 +507,19 @@ void run_eval(const EvalArgs& a) {
   const std::vector<std::string> algorithms = split(a.algorithms, ',');
   const std::vector<std::string> budget_names = split(a.budgets, ',');
   SPIN_CHECK(!algorithms.empty() && !budget_names.empty(), "--algorithms and --budgets must not be empty");
+  // The summary groups results by algorithm and budget: a repeat would merge into one row.
   std::vector<double> budgets;
-  for (const std::string& b : budget_names) budgets.push_back(parse_fraction(b));
-  for (const std::string& alg : algorithms) {
-    SPIN_CHECK(sparse::AlgorithmRegistry::global().contains(alg),
-               "--algorithms: unknown algorithm '{}'", alg);
+  for (const std::string& b : budget_names) {
+    const double fraction = parse_fraction(b);
+    const auto earlier = std::find(budgets.begin(), budgets.end(), fraction);
+    SPIN_CHECK(earlier == budgets.end(), "--budgets: '{}' repeats '{}'", b,
+               budget_names[static_cast<size_t>(earlier - budgets.begin())]);
+    budgets.push_back(fraction);
+  }
+  for (auto alg = algorithms.begin(); alg != algorithms.end(); ++alg) {
+    SPIN_CHECK(sparse::AlgorithmRegistry::global().contains(*alg),
+               "--algorithms: unknown algorithm '{}'", *alg);
+    SPIN_CHECK(std::find(algorithms.begin(), alg, *alg) == alg, "--algorithms: '{}' is given twice", *alg);
   }
   std::vector<double> depths;
   for (const std::string& d : split(a.depths, ',')) {
@@ -523,6 +531,8 @@ void run_eval(const EvalArgs& a) {
     SPIN_CHECK(v >= 0.0 && v <= 1.0, "--depths: '{}' is not a depth in [0, 1]", d);
     depths.push_back(v);
   }
+  SPIN_CHECK(a.documents >= 0, "--documents must be >= 0, got {}", a.documents);
+  SPIN_CHECK(!depths.empty() || a.documents > 0, "nothing to evaluate: --depths is empty and --documents is 0");
   SPIN_CHECK(a.steps >= 1 && a.steps <= 4096, "--steps must be in 1..4096");
   SPIN_CHECK(a.context >= 256 && a.context <= (1 << 20), "--context must be in 256..1048576");
 

@@ -126,6 +126,10 @@ def test_locality_replay(spin_bin, small_eval, test_tmp):
     (["--budgets", "x"], "is not a fraction"),
     (["--algorithms", "nope"], "unknown algorithm 'nope'"),
     (["--depths", "1.5"], "--depths"),
+    (["--budgets", "1/8,1/4,0.125"], "--budgets: '0.125' repeats '1/8'"),
+    (["--algorithms", "quest,dense,quest"], "--algorithms: 'quest' is given twice"),
+    (["--documents", "-1"], "--documents must be >= 0"),
+    (["--depths", "", "--documents", "0"], "nothing to evaluate"),
 ])
 def test_bad_flags(spin_bin, test_model, test_tmp, args, message):
     proc = run(spin_bin, "eval", "--model", test_model, "--context", CONTEXT, "--out",
