@@ -133,7 +133,10 @@ void run_serve(ServeArgs a) {
                backend.device == "cpu" ? fmt::format(", KV budget {} tokens", c.kv_token_budget) : std::string(),
                c.elastic_kv_buffers ? "" : ", elastic KV buffers off");
   spdlog::info("attention: default '{}'; {}", attention.algorithm, backend.description);
-  std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), a.server.host.c_str(), port);
+  // An IPv6 address goes in brackets in a URL (RFC 3986).
+  const bool ipv6 = a.server.host.find(':') != std::string::npos;
+  const std::string host = ipv6 ? "[" + a.server.host + "]" : a.server.host;
+  std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), host.c_str(), port);
   std::fflush(stdout);
 
   int signal_number = 0;
