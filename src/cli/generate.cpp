@@ -57,12 +57,10 @@ std::vector<int32_t> build_prompt(const GenerateArgs& a, const Tokenizer* tokeni
   return tokenizer->encode_prompt(text);
 }
 
-// Opens `path` for writing now, so that a path that cannot be written fails before the model
-// loads and generates, not after.
-std::ofstream open_output(const std::string& path, const char* flag) {
-  std::ofstream out(path, std::ios::binary);
-  SPIN_CHECK(out.good(), "{}: cannot write '{}'", flag, path);
-  return out;
+// Fails now, before the model loads and generates, when `path` cannot be written. Opening to append
+// leaves an existing file as it is until the output is written.
+void check_writable(const std::string& path, const char* flag) {
+  SPIN_CHECK(std::ofstream(path, std::ios::binary | std::ios::app).good(), "{}: cannot write '{}'", flag, path);
 }
 
 void run_generate(const GenerateArgs& a) {
@@ -71,9 +69,9 @@ void run_generate(const GenerateArgs& a) {
   SPIN_CHECK(!a.prompt_ids_given || !a.prompt_ids.empty(), "--prompt-ids is empty");
   SPIN_CHECK(!(a.chat && a.prompt_ids_given), "--chat needs --prompt (text), not --prompt-ids");
   SPIN_CHECK(a.system.empty() || a.chat, "--system needs --chat (it is a chat message)");
-  std::optional<std::ofstream> ids_file;
-  if (!a.ids_out.empty()) ids_file = open_output(a.ids_out, "--ids-out");
-  if (!a.logits_out.empty()) open_output(a.logits_out, "--logits-out");
+  SPIN_CHECK(a.ids_out.empty() || a.ids_out != a.logits_out, "--ids-out and --logits-out name the same file");
+  if (!a.ids_out.empty()) check_writable(a.ids_out, "--ids-out");
+  if (!a.logits_out.empty()) check_writable(a.logits_out, "--logits-out");
   cpu::set_num_threads(a.threads);
   const auto t_load = std::chrono::steady_clock::now();
   LoadedModel model = load_model(a.load);
@@ -102,11 +100,12 @@ void run_generate(const GenerateArgs& a) {
     write_npy(a.logits_out, prompt_logits,
               {static_cast<int64_t>(prompt.size()), model.weights.config.vocab_size});
   }
-  if (ids_file) {
-    *ids_file << nlohmann::json{{"prompt_ids", prompt}, {"output_ids", r.output_ids},
-                                {"finish_reason", r.finish_reason}}.dump()
-              << "\n";
-    SPIN_CHECK(ids_file->flush().good(), "--ids-out: cannot write '{}'", a.ids_out);
+  if (!a.ids_out.empty()) {
+    std::ofstream out(a.ids_out);
+    out << nlohmann::json{{"prompt_ids", prompt}, {"output_ids", r.output_ids},
+                          {"finish_reason", r.finish_reason}}.dump()
+        << "\n";
+    SPIN_CHECK(out.flush().good(), "--ids-out: cannot write '{}'", a.ids_out);
   }
   const double prefill_tps = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0.0;
   const double decode_tps = r.decode_seconds > 0 ? r.decode_steps / r.decode_seconds : 0.0;

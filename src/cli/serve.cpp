@@ -120,8 +120,9 @@ void run_serve(ServeArgs a) {
     smallest.attention = attention;
     engine.validate_request(smallest_prompt, smallest);
   } catch (const InvalidRequest& e) {
-    fail("the default attention '{}' (--sparse-algorithm) would refuse every request: {}", attention.algorithm,
-         e.what());
+    fail("this server would refuse every request (the smallest one, with the default attention '{}', is refused): "
+         "{}",
+         attention.algorithm, e.what());
   }
   engine.start();
   const std::string name = a.served_model_name.empty() ? model.name : a.served_model_name;

@@ -6,6 +6,8 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -248,7 +251,7 @@ class ConnectionPool final : public httplib::TaskQueue {
     threads_.reserve(size);
     try {
       for (size_t i = 0; i < size; ++i) threads_.emplace_back([this] { work(); });
-    } catch (const std::system_error& e) {
+    } catch (const std::exception& e) {  // std::system_error, or std::bad_alloc for a thread's state
       const size_t started = threads_.size();
       shutdown();
       fail("cannot start {} HTTP connection threads (one per request running or queued: --max-num-seqs + "
@@ -337,6 +340,7 @@ int HttpServer::bind() {
                config_.host, config_.port);
   }
   raise_listen_backlog();
+  SPIN_CHECK(!pool_, "the HTTP server binds once");
   pool_ = std::make_unique<ConnectionPool>(static_cast<size_t>(config_.threads));
   return config_.port;
 }
@@ -404,6 +408,14 @@ void HttpServer::install_routes() {
   });
 
   http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
+    // A method the API has no route for is answered before httplib reads its body (it would read a
+    // chunked one whole, past any limit), and the connection reads nothing more.
+    constexpr std::array<std::string_view, 7> kMethods{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+    if (std::find(kMethods.begin(), kMethods.end(), req.method) == kMethods.end()) {
+      if (const int fd = connection_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
+      send_error(res, 405, "invalid_request_error", fmt::format("method {} is not supported", req.method));
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const std::string& key = st->config.api_key;
     if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + key) {
@@ -580,7 +592,8 @@ void HttpServer::install_routes() {
   };
   // Every request with a body reads it with read_body (httplib would read a chunked body whole):
   // the API's POST routes, and any other POST, PUT, PATCH or DELETE, which then gets a 404 from
-  // the error handler.
+  // the error handler. httplib tries these body routes before plain ones of the same method, so
+  // a route added later must use with_body and come before the catch-alls.
   auto with_body = [st](auto handler) {
     return [st, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
