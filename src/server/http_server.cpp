@@ -6,8 +6,6 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
-#include <algorithm>
-#include <array>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -16,7 +14,6 @@
 #include <filesystem>
 #include <optional>
 #include <random>
-#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -408,14 +405,6 @@ void HttpServer::install_routes() {
   });
 
   http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
-    // A method the API has no route for is answered before httplib reads its body (it would read a
-    // chunked one whole, past any limit), and the connection reads nothing more.
-    constexpr std::array<std::string_view, 7> kMethods{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
-    if (std::find(kMethods.begin(), kMethods.end(), req.method) == kMethods.end()) {
-      if (const int fd = connection_socket(req); fd >= 0) ::shutdown(fd, SHUT_RD);
-      send_error(res, 405, "invalid_request_error", fmt::format("method {} is not supported", req.method));
-      return httplib::Server::HandlerResponse::Handled;
-    }
     const std::string& key = st->config.api_key;
     if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + key) {

@@ -445,20 +445,6 @@ def test_chunked_body_over_the_limit_is_413(server):
     assert status == 200, body
 
 
-def test_unknown_method_is_refused_before_its_body(server):
-    # httplib would read a chunked body of a method it has no routes for (PRI) whole: the server
-    # answers 405 from the headers and reads nothing more, so an endless body costs nothing.
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-    sock.sendall(b"PRI /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
-    sock.sendall(b"10000\r\n" + b"a" * 0x10000 + b"\r\n")  # a first chunk of a body with no end
-    resp = http.client.HTTPResponse(sock)
-    resp.begin()
-    assert resp.status == 405
-    assert json.loads(resp.read())["error"]["message"] == "method PRI is not supported"
-    sock.close()
-    assert server.request("GET", "/health")[0] == 200
-
-
 @pytest.mark.skipif(os.environ.get("SPIN_SANITIZED") == "1",
                     reason="ASan reserves terabytes of address space at start: a 4 GiB cap kills it first")
 def test_too_many_connection_threads_is_a_startup_error(spin_bin, test_model):
