@@ -38,16 +38,17 @@ def load(arg, by_arrival):
             doc = json.load(f)
         label = label or doc.get("extra_body", {}).get("spin", {}).get("algorithm") or path
         runs += doc["runs"]
+    inf_mark = None
     if by_arrival:
         xs = [arrival_rate(r) for r in runs]
-        order = sorted(range(len(runs)), key=lambda i: xs[i])
-        return label, [xs[i] for i in order], [runs[i] for i in order], None
-    finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
-    # "inf" (all at once) sits one step right of the largest finite rate.
-    inf_x = (max(finite) * 1.5) if finite else 1.0
-    xs = [inf_x if r["request_rate"] == "inf" else r["request_rate"] for r in runs]
+    else:
+        finite = [r["request_rate"] for r in runs if r["request_rate"] != "inf"]
+        # "inf" (all at once) sits one step right of the largest finite rate.
+        inf_x = (max(finite) * 1.5) if finite else 1.0
+        xs = [inf_x if r["request_rate"] == "inf" else r["request_rate"] for r in runs]
+        inf_mark = inf_x if len(finite) < len(runs) else None
     order = sorted(range(len(runs)), key=lambda i: xs[i])
-    return label, [xs[i] for i in order], [runs[i] for i in order], inf_x if len(finite) < len(runs) else None
+    return label, [xs[i] for i in order], [runs[i] for i in order], inf_mark
 
 
 def main(argv):
