@@ -38,6 +38,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <unordered_set>
 #include <vector>
 
 #include "base/error.h"
@@ -248,14 +249,14 @@ double device_copy_bandwidth(int repeats) {
 constexpr int kProfileSteps = 12;
 
 // Profiled steps before the counted ones. The replays start from empty caches, so a page last
-// used before the trace is a miss only there. A cache of (1 + buffer_factor) selections fills in
-// (1 + buffer_factor) / (1 - hit rate) steps (15 at 5x and a 0.6 hit rate, 57 at 16x and 0.7):
-// six steps per selection cover hit rates up to 0.83. The LRU replay's hit rate beside the
-// store's shows whether that was enough for LRU. Belady keeps pages across longer gaps than LRU,
-// so it can need more history still: where it is short, the ideal reads high.
-int profile_warm_steps(double buffer_factor) {
-  return std::max(12, 6 * (static_cast<int>(std::ceil(buffer_factor)) + 1));
-}
+// used before the trace is a miss only there, and Belady bridges reuse gaps longer than LRU's.
+// The warm-up runs until the trace has selected, per (request, layer, KV head), twice as many
+// distinct pages as its cache holds on average: a cache that hits often fills slowly ((1 +
+// factor) / (1 - hit rate) steps: 15 at 5x and a 0.6 hit rate, 150 at 5x and 0.96). At least
+// kMinWarmSteps, at most kMaxWarmSteps. The LRU replay's hit rate beside the store's shows
+// whether that was enough for LRU; where Belady needs longer still, the ideal reads high.
+constexpr int kMinWarmSteps = 12;
+constexpr int kMaxWarmSteps = 400;
 
 // Profiled eager decode steps of one shape (`step` runs one over the batch): their phases, the
 // store's hit rate, and their selections replayed with the store's cache slots through Belady's
@@ -267,11 +268,12 @@ struct SparseProfile {
   double lru_replay_hit_rate = 0.0;
   double belady_hit_rate = 0.0;
   double belady_bytes = 0.0;  // per step: Belady's misses at the bytes a measured miss cost
+  int warm_steps = 0;
 };
 
 SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttentionFactory& factory,
                                    const spin::AttentionSettings& settings, int64_t capacity,
-                                   const std::function<void()>& step, bool cuda_graphs, int warm_steps) {
+                                   const std::function<void()>& step, bool cuda_graphs) {
   model.set_cuda_graphs(false);
   factory.set_step_profiling(true);
   spin::kv::SelectionTrace trace;
@@ -279,18 +281,29 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
   std::vector<double> eager_seconds;
   spin::KvStoreUsage counted_from;
   size_t most_selected = 0;
+  const int64_t slots = factory.cache_slots(settings, capacity);
+  std::unordered_set<uint64_t> distinct;  // (item, page) pairs the trace has selected
+  size_t items = 0;
+  int warm_steps = kMaxWarmSteps;
   for (int s = 0; s < warm_steps + kProfileSteps; ++s) {
+    if (s < warm_steps && s >= kMinWarmSteps && items > 0 &&
+        distinct.size() >= 2 * static_cast<size_t>(slots) * items)
+      warm_steps = s;
     if (s == warm_steps) counted_from = factory.usage().value_or(spin::KvStoreUsage{});
     const auto start = clock_type::now();
     step();
     const double seconds = seconds_since(start);
     const spin::SparseStepProfile p = factory.last_step_profile();
     for (size_t l = 0; l < p.selected.size(); ++l) {
+      items = std::max(items, p.selected.size() * p.selected[l].size());
       for (size_t i = 0; i < p.selected[l].size(); ++i) {
         const std::vector<uint32_t> pages(p.selected[l][i].begin(), p.selected[l][i].end());
         trace.add(static_cast<uint64_t>(s), static_cast<uint32_t>(i / static_cast<size_t>(p.kv_heads)),
                   static_cast<uint32_t>(l), static_cast<uint32_t>(i % static_cast<size_t>(p.kv_heads)), pages);
         most_selected = std::max(most_selected, pages.size());
+        const uint64_t item = l * p.selected[l].size() + i;
+        if (s < warm_steps)
+          for (const uint32_t page : pages) distinct.insert(item << 32 | page);
       }
     }
     if (s < warm_steps) continue;
@@ -306,7 +319,6 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
   const spin::KvStoreUsage end = factory.usage().value_or(spin::KvStoreUsage{});
   const auto hits = static_cast<double>(end.hits - counted_from.hits);
   const auto misses = static_cast<double>(end.misses - counted_from.misses);
-  const int64_t slots = factory.cache_slots(settings, capacity);
   const auto replay = [&](spin::kv::ReplacementPolicy policy) {
     return spin::kv::replay_trace(trace, policy,
                                   static_cast<uint32_t>(std::max<int64_t>(0, slots - static_cast<int64_t>(most_selected))),
@@ -321,6 +333,7 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
   out.lru_replay_hit_rate = replay(spin::kv::ReplacementPolicy::BucketedLru).hit_rate();
   out.belady_hit_rate = belady.hit_rate();
   out.belady_bytes = static_cast<double>(belady.misses) * miss_bytes / kProfileSteps;
+  out.warm_steps = warm_steps;
   return out;
 }
 
@@ -331,8 +344,8 @@ std::string sparse_breakdown_row(const SparseProfile& p, int64_t batch, int64_t 
   const double ideal = hbm_seconds + p.belady_bytes / link_bandwidth;
   const spin::SparseStepProfile& ph = p.phases;
   const double rest = p.eager_ms - ph.score_ms - ph.select_ms - ph.retrieve_ms - ph.rebuild_ms - ph.attention_ms;
-  return fmt::format("| {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
-                     batch, context, p.eager_ms, ph.score_ms, ph.select_ms, ph.retrieve_ms, ph.rebuild_ms,
+  return fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |",
+                     batch, context, p.warm_steps, p.eager_ms, ph.score_ms, ph.select_ms, ph.retrieve_ms, ph.rebuild_ms,
                      ph.attention_ms, rest, p.hit_rate, p.lru_replay_hit_rate, p.belady_hit_rate, ideal * 1e3,
                      measured_step / ideal);
 }
@@ -363,10 +376,14 @@ std::shared_ptr<const spin::sparse::SeerGate> seer_gate(const BenchArgs& a, cons
 // dense-offload, which reads the host tier in place).
 bool caches_pages(const BenchArgs& a) { return a.sparse_algorithm != "dense" && a.sparse_algorithm != "dense-offload"; }
 
-// Untimed decode steps before the timed ones: one eager, one capturing the graph, and where pages
-// are cached as many more as the breakdown profiles, so that the timed steps run on full caches.
+// Untimed decode steps before the timed ones, at most: one eager, one capturing the graph, and
+// where pages are cached the breakdown's profiled steps (on one GPU) or as many graph steps as
+// fill a cache of (1 + factor) selections at hit rates up to 0.83, so that the timed steps run on
+// full caches.
+int64_t cache_fill_steps(const BenchArgs& a) { return 6 * (static_cast<int64_t>(std::ceil(a.buffer_factor)) + 1); }
 int64_t untimed_steps(const BenchArgs& a) {
-  return 2 + (caches_pages(a) ? profile_warm_steps(a.buffer_factor) + kProfileSteps : 0);
+  if (!caches_pages(a)) return 2;
+  return 2 + std::max<int64_t>(cache_fill_steps(a), kMaxWarmSteps + kProfileSteps);
 }
 
 // Tokens a decode benchmark appends to a sequence after its context: (sparse) its first step, the
@@ -378,7 +395,6 @@ int64_t decode_steps_per_sequence(const BenchArgs& a) { return 1 + untimed_steps
 int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_tokens * (a.repeats + 2); }
 
 void run_cuda(const BenchArgs& a) {
-  const int warm_steps = profile_warm_steps(a.buffer_factor);
   spin::LoadOptions load = load_options(a);
   load.dummy_weights_on_host = false;
   spin::LoadedModel loaded = spin::load_model(load);
@@ -568,10 +584,11 @@ void run_cuda(const BenchArgs& a) {
       std::optional<SparseProfile> profile;
       if (caches_pages(a) && world == 1) {
         profile = profile_sparse_steps(*ranks.front(), *rank_factories.front(), settings, capacity,
-                                       [&] { decode_step(0, batch); }, a.cuda_graphs, warm_steps);
-      } else {
-        for (int64_t i = 2; i < untimed_steps(a); ++i) decode_step(0, batch);
+                                       [&] { decode_step(0, batch); }, a.cuda_graphs);
+      } else if (caches_pages(a)) {
+        for (int64_t i = 0; i < cache_fill_steps(a); ++i) decode_step(0, batch);
       }
+      const int64_t timed_from = seqs.front()->length();
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
       std::vector<double> step_seconds;
       for (int r = 0; r < a.repeats; ++r) {
@@ -585,7 +602,7 @@ void run_cuda(const BenchArgs& a) {
         const auto hits = static_cast<double>(after.hits - before.hits);
         const auto misses = static_cast<double>(after.misses - before.misses);
         const auto steps = static_cast<double>(a.decode_tokens * a.repeats);
-        const int64_t mid_context = context + 1 + untimed_steps(a) + a.decode_tokens * a.repeats / 2;
+        const int64_t mid_context = timed_from + a.decode_tokens * a.repeats / 2;
         // dense-offload's attention reads its other pages over the link itself (no Retrieve).
         const double link_pages = a.sparse_algorithm == "dense-offload"
                                       ? static_cast<double>(batch * (factory.decode_pages_read(spin::AttentionSettings{}, mid_context) -
@@ -679,16 +696,17 @@ void run_cuda(const BenchArgs& a) {
   }
   if (!breakdown_rows.empty()) {
     std::printf("\nWhere a sparse step's time goes: %d eager steps (CUDA graphs off) with events between the "
-                "phases of each sparse layer, summed over layers, right before the timed graph steps; the first "
-                "%d fill the caches and are not counted. Ideal = HBM bytes at the device copy rate + the pages Belady's replacement would fetch "
-                "(same trace, same cache slots; each at the bytes a measured miss cost) at the bulk host-to-device "
-                "rate. The replays start from empty caches: where the LRU replay's hit rate is below the store's, "
-                "the replays are short of the store's history and Belady's is low too.\n\n",
-                warm_steps + kProfileSteps, warm_steps);
-    std::printf("| batch | context | eager ms/step | index+score ms | select ms | retrieve ms | key rebuild ms | "
-                "attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | ideal ms/step | "
-                "measured (graphs) / ideal |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "phases of each sparse layer, summed over layers, right before the timed graph steps, after warm-up "
+                "steps that fill the caches and are not counted (until each cache's worth of distinct pages was "
+                "selected twice over, %d to %d steps). Ideal = HBM bytes at the device copy rate + the pages Belady's "
+                "replacement would fetch (same trace, same cache slots; each at the bytes a measured miss cost) at the "
+                "bulk host-to-device rate. The replays start from empty caches: where the LRU replay's hit rate is "
+                "below the store's, the replays are short of the store's history and Belady's is low too.\n\n",
+                kProfileSteps, kMinWarmSteps, kMaxWarmSteps);
+    std::printf("| batch | context | warm-up steps | eager ms/step | index+score ms | select ms | retrieve ms | "
+                "key rebuild ms | attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | "
+                "ideal ms/step | measured (graphs) / ideal |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   const spin::ForwardStats s = *ranks.front()->forward_stats();
