@@ -34,6 +34,9 @@ struct GenerateArgs {
   int top_k = 40;
   float top_p = 0.95f;
   float min_p = 0.05f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
   std::optional<uint64_t> seed;
   int threads = 0;
   std::string logits_out;
@@ -70,6 +73,16 @@ void run_generate(const GenerateArgs& a) {
   SPIN_CHECK(!(a.chat && a.prompt_ids_given), "--chat needs --prompt (text), not --prompt-ids");
   SPIN_CHECK(a.system.empty() || a.chat, "--system needs --chat (it is a chat message)");
   SPIN_CHECK(a.ids_out.empty() || a.ids_out != a.logits_out, "--ids-out and --logits-out name the same file");
+  GenerationParams params = a.gen;
+  params.sampling = SamplingParams{.temperature = a.temperature,
+                                   .top_k = a.top_k,
+                                   .top_p = a.top_p,
+                                   .min_p = a.min_p,
+                                   .seed = a.seed,
+                                   .repetition_penalty = a.repetition_penalty,
+                                   .frequency_penalty = a.frequency_penalty,
+                                   .presence_penalty = a.presence_penalty};
+  params.sampling.validate();
   if (!a.ids_out.empty()) check_writable(a.ids_out, "--ids-out");
   if (!a.logits_out.empty()) check_writable(a.logits_out, "--logits-out");
   cpu::set_num_threads(a.threads);
@@ -81,9 +94,15 @@ void run_generate(const GenerateArgs& a) {
   const Tokenizer* tokenizer = model.tokenizer.get();
   const std::vector<int32_t> prompt = build_prompt(a, tokenizer);
 
-  GenerationParams params = a.gen;
-  params.sampling = SamplingParams{a.temperature, a.top_k, a.top_p, a.min_p, a.seed};
   SPIN_CHECK(a.gen.stop.empty() || tokenizer, "--stop needs a model with a tokenizer");
+
+  const int64_t context = a.gen.max_context > 0 ? a.gen.max_context : model.weights.config.max_position;
+  const auto room = context - static_cast<int64_t>(prompt.size());
+  if (room >= 0 && a.gen.max_tokens > room)
+    std::fprintf(stderr, "[spin] note: --max-tokens %lld does not fit the context of %lld tokens after a %zu-token prompt: "
+                 "at most %lld tokens will be generated\n",
+                 static_cast<long long>(a.gen.max_tokens), static_cast<long long>(context), prompt.size(),
+                 static_cast<long long>(room));
 
   Transformer transformer(model.weights);
   std::vector<float> prompt_logits;
@@ -132,6 +151,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "0 = off")->capture_default_str();
   cmd->add_option("--top-p", args->top_p, "1 = off")->capture_default_str();
   cmd->add_option("--min-p", args->min_p, "0 = off")->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "divides positive logits (multiplies negative ones) of prompt and output tokens; 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty, "subtracted per occurrence in the output; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->presence_penalty, "subtracted once per token in the output; 0 = off")
+      ->capture_default_str();
   cmd->add_option("--seed", args->seed, "sampling seed (default: random)");
   cmd->add_option("--stop", args->gen.stop, "stop string (repeatable)");
   cmd->add_flag("--ignore-eos", args->gen.ignore_eos, "keep generating past end-of-sequence tokens");

@@ -137,8 +137,11 @@ void run_serve(ServeArgs a) {
   // An IPv6 address goes in brackets in a URL (RFC 3986).
   const bool ipv6 = a.server.host.find(':') != std::string::npos;
   const std::string host = ipv6 ? "[" + a.server.host + "]" : a.server.host;
-  std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), host.c_str(), port);
-  std::fflush(stdout);
+  // A listener that failed while the model loaded has signalled the shutdown below: no URL then.
+  if (!listening_ended) {
+    std::printf("spin: serving '%s' at http://%s:%d/v1 (Ctrl-C stops)\n", name.c_str(), host.c_str(), port);
+    std::fflush(stdout);
+  }
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);

@@ -207,26 +207,38 @@ struct StreamResponse {
 // Reads a request body of at most `limit` bytes into `body`. httplib 0.11 applies its payload
 // limit to a Content-Length body only: a chunked one, or one that runs to the end of the stream,
 // it would read whole. Past the limit the rest is read and dropped (as httplib skips an
-// oversized Content-Length body), so the connection stays in step for its next request. Returns
-// false with res.status set (413 past the limit) when there is no body to handle.
+// oversized Content-Length body), so the connection stays in step for its next request and the
+// client, still sending, gets the 413 rather than a reset. That drain is bounded: another
+// `limit` bytes, kBodyDrainSeconds, or until the server stops, whichever comes first; then the
+// connection closes after the 413, so an endless body holds no thread. Returns false with
+// res.status set (413 past the limit) when there is no body to handle.
+constexpr double kBodyDrainSeconds = 5.0;
 bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
-               size_t limit, std::string& body) {
+               size_t limit, const std::atomic<bool>& stopping, std::string& body) {
   size_t received = 0;
-  auto keep = [&](const char* data, size_t size) {
+  std::optional<std::chrono::steady_clock::time_point> over_since;
+  bool cut = false;
+  auto count = [&](size_t size) {
     received += size;
-    if (received <= limit) body.append(data, size);
-    return true;
+    if (received <= limit) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!over_since) over_since = now;
+    cut = received - limit > limit || stopping.load(std::memory_order_relaxed) ||
+          std::chrono::duration<double>(now - *over_since).count() > kBodyDrainSeconds;
+    return !cut;
+  };
+  auto keep = [&](const char* data, size_t size) {
+    if (received + size <= limit) body.append(data, size);
+    return count(size);
   };
   // A multipart body is no API request: it is counted and dropped (the JSON parse then refuses it).
   const bool read = req.is_multipart_form_data()
                         ? reader([](const httplib::MultipartFormData&) { return true; },
-                                 [&](const char*, size_t size) {
-                                   received += size;
-                                   return true;
-                                 })
+                                 [&](const char*, size_t size) { return count(size); })
                         : reader(keep);
   if (received > limit) {
     res.status = 413;
+    if (cut) res.set_header("Connection", "close");
   } else if (!read && res.status < 400) {
     res.status = 400;
   }
@@ -308,6 +320,7 @@ struct HttpServer::State {
   std::atomic<uint64_t> next_id{1};
   std::string id_salt;
   ServerConfig config;
+  std::atomic<bool> stopping{false};  // stop() was called: bodies past the limit are not drained
 
   std::string make_id(Endpoint ep) {
     return fmt::format("{}-{}{:x}", ep == Endpoint::ChatCompletions ? "chatcmpl" : "cmpl", id_salt,
@@ -358,6 +371,7 @@ void HttpServer::listen() {
 }
 
 void HttpServer::stop() {
+  state_->stopping = true;
   if (http_) http_->stop();
 }
 
@@ -390,6 +404,13 @@ namespace {
 
 Engine& live_engine(HttpServer::State& st);
 
+// The method of each route install_routes adds (HEAD goes with GET), or "" for no such path.
+std::string_view route_method(const std::string& path) {
+  if (path == "/health" || path == "/metrics" || path == "/v1/models") return "GET";
+  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+  return "";
+}
+
 }  // namespace
 
 void HttpServer::install_routes() {
@@ -419,7 +440,14 @@ void HttpServer::install_routes() {
                                                                       httplib::Response& res) {
     if (!res.body.empty() || res.content_length_ > 0) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 404) {
-      send_error(res, 404, "not_found_error", fmt::format("no route for {} {}", req.method, req.path));
+      // A route that exists under another method is 405 with Allow, as HTTP (and vLLM's server) has it.
+      if (const std::string_view allowed = route_method(req.path); !allowed.empty()) {
+        res.set_header("Allow", std::string(allowed));
+        send_error(res, 405, "invalid_request_error",
+                   fmt::format("{} is not allowed on {}: use {}", req.method, req.path, allowed), "", "method_not_allowed");
+      } else {
+        send_error(res, 404, "not_found_error", fmt::format("no route for {} {}", req.method, req.path));
+      }
     } else if (res.status == 413) {
       send_error(res, 413, "invalid_request_error",
                  fmt::format("the request body is larger than the limit of {} bytes", st->config.max_body_bytes),
@@ -580,13 +608,13 @@ void HttpServer::install_routes() {
     };
   };
   // Every request with a body reads it with read_body (httplib would read a chunked body whole):
-  // the API's POST routes, and any other POST, PUT, PATCH or DELETE, which then gets a 404 from
-  // the error handler. httplib tries these body routes before plain ones of the same method, so
+  // the API's POST routes, and any other POST, PUT, PATCH or DELETE, which then gets a 404 (or a
+  // 405 on a path that has a route) from the error handler. httplib tries these body routes before plain ones of the same method, so
   // a route added later must use with_body and come before the catch-alls.
   auto with_body = [st](auto handler) {
     return [st, handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
-      if (read_body(req, res, reader, st->config.max_body_bytes, body)) handler(req, res, body);
+      if (read_body(req, res, reader, st->config.max_body_bytes, st->stopping, body)) handler(req, res, body);
     };
   };
   http.Post("/v1/completions", with_body(guarded(generate(Endpoint::Completions))));

@@ -1,5 +1,6 @@
 """`spin generate`'s flag errors: each mistake fails before the model loads, with a message naming
-the flag; and a near-zero temperature draws the greedy tokens, not garbage."""
+the flag; a near-zero temperature draws the greedy tokens, not garbage; and a --max-tokens the context
+cannot hold is said up front."""
 import json
 
 TINY = ["--model", "tiny-llama", "--load-format", "dummy"]
@@ -34,3 +35,16 @@ def test_tiny_temperature_draws_greedily(run_spin, test_tmp):
         outputs[temperature] = json.loads(path.read_text())["output_ids"]
     assert len(outputs["0"]) == 12
     assert outputs["1e-40"] == outputs["0"]
+
+
+def test_max_tokens_past_the_context_is_announced(run_spin, test_tmp):
+    path = test_tmp / "ids_clamped.json"
+    proc = run_spin("generate", *TINY, "--prompt-ids", "5,6,7", "-n", 40, "--max-context", 16, "--temperature", 0,
+                    "--ignore-eos", "--ids-out", path)
+    assert "--max-tokens 40 does not fit the context of 16 tokens after a 3-token prompt: at most 13" in proc.stderr
+    result = json.loads(path.read_text())
+    assert len(result["output_ids"]) == 13
+    assert result["finish_reason"] == "length"
+    quiet = run_spin("generate", *TINY, "--prompt-ids", "5,6,7", "-n", 13, "--max-context", 16, "--temperature", 0,
+                     "--ignore-eos")
+    assert "does not fit" not in quiet.stderr

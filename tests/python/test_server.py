@@ -10,8 +10,10 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -362,6 +364,52 @@ def assert_error(result, status, param=None, contains=()):
     return err
 
 
+def penalized(row, prompt, output, repetition, frequency, presence):
+    """vLLM's penalties in numpy: repetition on tokens of prompt or output, then frequency x count
+    and presence once on tokens of the output."""
+    row = row.astype(np.float64).copy()
+    seen = np.array(sorted(set(prompt) | set(output)), dtype=np.int64)
+    row[seen] = np.where(row[seen] > 0, row[seen] / repetition, row[seen] * repetition)
+    ids, counts = np.unique(np.array(output, dtype=np.int64), return_counts=True)
+    row[ids] -= frequency * counts + presence
+    return row
+
+
+def test_penalties_match_numpy(server, client, run_spin, test_model, test_tmp):
+    # Greedy with all three penalties on "1, 2, 3, 4," (a prompt that invites repeats): each token
+    # must be the argmax of its position's logits (spin generate --logits-out, teacher-forced)
+    # penalized in numpy over the prompt and the tokens before it; the server must draw the same.
+    prompt, n = PROMPTS[8], 24
+    settings = {"repetition_penalty": 1.3, "frequency_penalty": 0.6, "presence_penalty": 0.4}
+    ids_path = test_tmp / "penalized_ids.json"
+    proc = run_spin("generate", "--model", test_model, "-p", prompt, "-n", n, "--temperature", 0, "--ignore-eos",
+                    "--ids-out", ids_path, *[x for k, v in settings.items() for x in (f"--{k.replace('_', '-')}", v)])
+    ids = json.loads(ids_path.read_text())
+    prompt_ids, output = ids["prompt_ids"], ids["output_ids"]
+    assert len(output) == n
+    logits_path = test_tmp / "penalized_logits.npy"
+    run_spin("generate", "--model", test_model, "--prompt-ids", ",".join(map(str, prompt_ids + output[:-1])),
+             "-n", 0, "--logits-out", logits_path)
+    logits = np.load(logits_path)
+    for k, token in enumerate(output):
+        row = penalized(logits[len(prompt_ids) - 1 + k], prompt_ids, output[:k], **{
+            "repetition": settings["repetition_penalty"], "frequency": settings["frequency_penalty"],
+            "presence": settings["presence_penalty"]})
+        # Decode and a whole-sequence prefill round differently: a near-tie may go either way.
+        assert row[token] >= row.max() - 2e-3 * max(1.0, abs(row.max())), (k, token, int(row.argmax()))
+    _, plain = spin_generate(run_spin, test_model, test_tmp, prompt, n)
+    assert plain["output_ids"][:n] != output, "the penalties changed nothing: the test would not see them"
+
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=n, temperature=0,
+                                  presence_penalty=settings["presence_penalty"],
+                                  frequency_penalty=settings["frequency_penalty"],
+                                  extra_body={"repetition_penalty": settings["repetition_penalty"],
+                                              "ignore_eos": True})
+    assert r.choices[0].text == proc.stdout.removesuffix("\n")
+    for name, bad in (("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0)):
+        assert_error(server.api("/v1/completions", {"prompt": "hi", name: bad}), 400, name)
+
+
 def test_client_errors(server, hf_tokenizer):
     hf, _ = hf_tokenizer
     status, _, body = server.api("/v1/completions", b"{not json")
@@ -408,6 +456,14 @@ def test_client_errors(server, hf_tokenizer):
 
     err = assert_error(server.api("/v1/completions", b"{\"prompt\": \"" + b"a" * (9 << 20) + b"\"}"), 413)
     assert_error(server.request("GET", "/v1/nothing-here", headers={"Authorization": f"Bearer {API_KEY}"}), 404)
+    # A path with a route, under another method: 405 with the method it takes.
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET"),
+                                  ("POST", "/health", "GET")):
+        result = server.request(method, path, body=b"{}" if method != "GET" else None, headers=auth)
+        err = assert_error(result, 405, contains=[method, path, allowed])
+        assert err["code"] == "method_not_allowed"
+        assert result[1].get("Allow") == allowed, result[1]
     # The server is still fine after all of that.
     assert server.request("GET", "/health")[0] == 200
 
@@ -443,6 +499,75 @@ def test_chunked_body_over_the_limit_is_413(server):
                                            json.dumps({"prompt": "hi", "max_tokens": 2}).encode(), chunk=5)
     sock.close()
     assert status == 200, body
+
+
+def endless_chunked_body(port, pause_after=None):
+    """Starts a chunked POST whose body never ends (64 KiB chunks; with pause_after, 20 per second
+    once that many bytes went). Returns the socket, a stop event and the sender thread, which
+    counts the bytes it sent in thread.sent."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    chunk = b"a" * (1 << 16)
+    stop = threading.Event()
+
+    def send():
+        try:
+            while not stop.is_set():
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                sender.sent += len(chunk)
+                if pause_after is not None and sender.sent > pause_after:
+                    time.sleep(0.05)
+        except OSError:
+            pass  # the server closed the connection
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.sent = 0
+    sender.start()
+    return sock, stop, sender
+
+
+def read_to_close(sock):
+    data = b""
+    try:
+        while chunk := sock.recv(1 << 16):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def test_endless_body_gets_413_and_is_cut(server):
+    # Past the 8 MiB limit the server drains at most another 8 MiB (fast sender) or 5 s (slow
+    # sender), then answers 413 and closes: an endless body holds no connection thread.
+    for pause_after, most_seconds in ((None, 30), (9 << 20, 12)):
+        start = time.time()
+        sock, stop, sender = endless_chunked_body(server.port, pause_after)
+        reply = read_to_close(sock)
+        stop.set()
+        sender.join(timeout=10)
+        sock.close()
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert b"request_too_large" in reply
+        assert time.time() - start < most_seconds
+        assert sender.sent < (24 << 20), sender.sent
+    assert server.request("GET", "/health")[0] == 200
+
+
+def test_shutdown_does_not_wait_for_an_endless_body(spin_bin, test_model, test_tmp):
+    srv = Server(spin_bin, test_model, test_tmp / "serve_endless_body.log")
+    try:
+        sock, stop, sender = endless_chunked_body(srv.port, pause_after=9 << 20)
+        time.sleep(1.0)  # past the limit, draining slowly
+        start = time.time()
+        srv.proc.send_signal(signal.SIGINT)
+        srv.proc.wait(timeout=15)
+        assert time.time() - start < 4.0
+        assert srv.proc.returncode == 0
+        stop.set()
+        sock.close()
+    finally:
+        srv.stop()
 
 
 @pytest.mark.skipif(os.environ.get("SPIN_SANITIZED") == "1",
