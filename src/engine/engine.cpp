@@ -470,7 +470,9 @@ void Engine::sample_next(Request& r, std::span<const float> all_logits, std::opt
                          RequestOutput& out) {
   const std::span<const float> logits =
       all_logits.empty() ? all_logits : all_logits.first(static_cast<size_t>(sampleable_vocab_));
-  const int32_t id = drawn ? *drawn : r.sampler.sample(logits);
+  const std::span<const int32_t> history(r.tokens);
+  const auto n_prompt = static_cast<size_t>(r.n_prompt);
+  const int32_t id = drawn ? *drawn : r.sampler.sample(logits, history.first(n_prompt), history.subspan(n_prompt));
   ++r.n_sampled;
   const auto now = clock::now();
   {
@@ -617,7 +619,7 @@ StepReport Engine::step() {
       report.n_tokens += n;
     }
     // A model that draws on its device gets each request's sampling rule; it downloads the logits
-    // only when a request wants logprobs.
+    // only when a request wants logprobs or penalties, which the host's Sampler applies and draws.
     const bool draws_on_device = model_.samples_on_device();
     bool want_logits = false;
     std::vector<DeviceSampling> sampling;
@@ -631,7 +633,7 @@ StepReport Engine::step() {
                                           .min_p = p.min_p,
                                           .seed = r.seed,
                                           .step = static_cast<uint64_t>(r.n_sampled)});
-        want_logits |= report.chunks[i].samples && r.params.top_logprobs >= 0;
+        want_logits |= report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.penalized());
       }
     }
     forward_start = clock::now();
@@ -679,7 +681,8 @@ StepReport Engine::step() {
       const std::span<const float> logits = !draws_on_device || want_logits
                                                 ? std::span<const float>(logits_.data() + i * vocab, vocab)
                                                 : std::span<const float>();
-      sample_next(r, logits, draws_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
+      const bool drawn_on_device = draws_on_device && !r.params.sampling.penalized();
+      sample_next(r, logits, drawn_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {
         outputs.emplace_back(std::move(r.on_output), std::move(out));
         requests_.erase(r.id);

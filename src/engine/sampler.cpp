@@ -13,6 +13,12 @@ void SamplingParams::validate() const {
   SPIN_CHECK(top_k >= 0, "top_k must be >= 0 (0 disables it), got {}", top_k);
   SPIN_CHECK(top_p > 0.0f && top_p <= 1.0f, "top_p must be in (0, 1], got {}", top_p);
   SPIN_CHECK(min_p >= 0.0f && min_p <= 1.0f, "min_p must be in [0, 1], got {}", min_p);
+  SPIN_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f && repetition_penalty <= 10.0f,
+             "repetition_penalty must be in (0, 10] (1 disables it), got {}", repetition_penalty);
+  SPIN_CHECK(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
+             "frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  SPIN_CHECK(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
+             "presence_penalty must be in [-2, 2], got {}", presence_penalty);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
@@ -24,7 +30,45 @@ int32_t argmax(std::span<const float> values) {
   return static_cast<int32_t>(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
-int32_t Sampler::sample(std::span<const float> logits) {
+std::span<const float> Sampler::penalize(std::span<const float> logits, std::span<const int32_t> prompt,
+                                        std::span<const int32_t> output) {
+  if (!params_.penalized()) return logits;
+  const size_t vocab = logits.size();
+  penalized_.assign(logits.begin(), logits.end());
+  if (counts_.size() != vocab) {
+    counts_.assign(vocab, 0);
+    seen_.assign(vocab, 0);
+  }
+  const auto in_vocab = [vocab](int32_t id) { return id >= 0 && static_cast<size_t>(id) < vocab; };
+  touched_.clear();
+  const auto touch = [&](int32_t id) {
+    if (!seen_[id]) {
+      seen_[id] = 1;
+      touched_.push_back(id);
+    }
+  };
+  for (const int32_t id : prompt)
+    if (in_vocab(id)) touch(id);
+  for (const int32_t id : output) {
+    if (!in_vocab(id)) continue;
+    touch(id);
+    ++counts_[id];
+  }
+  const float repetition = params_.repetition_penalty;
+  for (const int32_t id : touched_) {
+    float& logit = penalized_[id];
+    if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
+    if (counts_[id] > 0)
+      logit -= params_.frequency_penalty * static_cast<float>(counts_[id]) + params_.presence_penalty;
+    counts_[id] = 0;
+    seen_[id] = 0;
+  }
+  return penalized_;
+}
+
+int32_t Sampler::sample(std::span<const float> raw_logits, std::span<const int32_t> prompt,
+                        std::span<const int32_t> output) {
+  const std::span<const float> logits = penalize(raw_logits, prompt, output);
   if (params_.greedy()) return argmax(logits);
   const int32_t vocab = static_cast<int32_t>(logits.size());
 

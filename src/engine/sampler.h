@@ -1,5 +1,6 @@
 #pragma once
-// Next-token sampling: greedy, temperature, top-k, top-p, min-p, with a seeded RNG.
+// Next-token sampling: repetition, frequency and presence penalties, then greedy or temperature
+// with top-k, top-p and min-p, with a seeded RNG.
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -18,21 +19,42 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1 = off
   float min_p = 0.0f;        // 0 = off
   std::optional<uint64_t> seed;
+  // vLLM's (and OpenAI's) penalties, in vLLM's order. Repetition: the logit of each token of the
+  // prompt or the output so far is divided by it where positive, multiplied where negative (1 =
+  // off). Then frequency and presence: each token's logit drops by frequency x its count in the
+  // output so far, and by presence once if it occurs there (0 = off).
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
 
   // Throws spin::Error naming the bad field (negative temperature, top_p outside (0, 1], ...).
   void validate() const;
   bool greedy() const { return temperature < kGreedyBelowTemperature || top_k == 1; }
+  bool penalized() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  }
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
-  int32_t sample(std::span<const float> logits);
+  // The next token of a sequence whose prompt and output so far are the penalties' history (ids
+  // outside the logits are ignored).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt = {},
+                 std::span<const int32_t> output = {});
 
  private:
+  // The logits with the penalties applied (in penalized_), or `logits` itself without penalties.
+  std::span<const float> penalize(std::span<const float> logits, std::span<const int32_t> prompt,
+                                  std::span<const int32_t> output);
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
+  std::vector<float> penalized_;
+  std::vector<uint32_t> counts_;   // per token: occurrences in the output (zero between draws)
+  std::vector<uint8_t> seen_;      // per token: in the prompt or output (zero between draws)
+  std::vector<int32_t> touched_;   // the tokens whose counts_ or seen_ are set
 };
 
 // Index of the largest value (the lowest index among equals).

@@ -213,11 +213,6 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (auto b = get_int(body, "best_of"); b && *b != 1) {
     bad_request("best_of", "best_of is not supported");
   }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
-    if (auto x = get_number(body, name); x && *x != 0.0) {
-      bad_request(name, fmt::format("'{}' is not supported yet (only 0)", name));
-    }
-  }
   if (auto echo = get_bool(body, "echo"); echo && *echo) bad_request("echo", "'echo' is not supported");
   if (field(body, "suffix")) bad_request("suffix", "'suffix' is not supported");
   if (field(body, "logit_bias") && !body["logit_bias"].empty()) bad_request("logit_bias", "'logit_bias' is not supported");
@@ -324,6 +319,19 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   if (auto x = get_number(body, "min_p")) {
     if (*x < 0 || *x > 1) bad_request("min_p", fmt::format("'min_p' must be in [0, 1], got {}", *x));
     s.min_p = static_cast<float>(*x);
+  }
+  for (auto [name, value] : {std::pair{"presence_penalty", &s.presence_penalty},
+                              std::pair{"frequency_penalty", &s.frequency_penalty}}) {
+    if (auto x = get_number(body, name)) {
+      if (*x < -2 || *x > 2) bad_request(name, fmt::format("'{}' must be in [-2, 2], got {}", name, *x));
+      *value = static_cast<float>(*x);
+    }
+  }
+  // vLLM's extra parameter (not OpenAI's).
+  if (auto x = get_number(body, "repetition_penalty")) {
+    if (!(*x > 0 && *x <= 10))
+      bad_request("repetition_penalty", fmt::format("'repetition_penalty' must be in (0, 10] (1: off), got {}", *x));
+    s.repetition_penalty = static_cast<float>(*x);
   }
   if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
   p.stop = stop_strings(body);

@@ -4,6 +4,7 @@
 // loop over one sequence with dense contiguous attention (no engine, no batching, no preemption).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -45,9 +46,14 @@ inline RequestParams greedy(int64_t max_tokens, const AttentionSettings& attenti
   return p;
 }
 
+// Changes a step's logits given the prompt and the output so far (the reference's penalties).
+using LogitAdjust = std::function<void(std::vector<float>& logits, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& output)>;
+
 // The reference: prefill the prompt, then take the most likely token (the lowest id among equal
-// logits) and feed it back, max_tokens times.
-inline std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens) {
+// logits, after `adjust` where given) and feed it back, max_tokens times.
+inline std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt, int64_t max_tokens,
+                                             const LogitAdjust& adjust = {}) {
   Transformer& model = tiny().model;
   const int64_t vocab = model.config().vocab_size;
   ContiguousAttention kv(model.attention_shape(), static_cast<int64_t>(prompt.size()) + max_tokens);
@@ -56,8 +62,9 @@ inline std::vector<int32_t> reference_greedy(const std::vector<int32_t>& prompt,
   model.forward(std::span(&chunk, 1), false, logits);
   std::vector<int32_t> out;
   for (int64_t i = 0; i < max_tokens; ++i) {
-    const auto last = logits.end() - vocab;
-    out.push_back(static_cast<int32_t>(std::max_element(last, logits.end()) - last));
+    std::vector<float> last(logits.end() - vocab, logits.end());
+    if (adjust) adjust(last, prompt, out);
+    out.push_back(static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
     if (i + 1 == max_tokens) break;
     SequenceChunk next{std::span(&out.back(), 1), static_cast<int64_t>(prompt.size()) + i, &kv};
     model.forward(std::span(&next, 1), false, logits);

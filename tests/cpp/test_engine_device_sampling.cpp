@@ -3,7 +3,8 @@
 // Greedy rows take the argmax, so their tokens must be the plain greedy loop's; other rows take a
 // token that depends only on (seed, step), so the tokens show that the Engine passes each
 // request's own seed and counts its draws 0, 1, 2, ... whatever it is batched with. Logits come
-// down only in steps where a request that wants logprobs draws, and nothing reads them otherwise.
+// down only in steps where a request that wants logprobs or penalties draws, and nothing reads them
+// otherwise.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -109,6 +110,52 @@ TEST(EngineDeviceSampling, SeedsStepsAndLogitsReachTheModel) {
   EXPECT_EQ(lp.back().top.size(), 2u);
   EXPECT_EQ(lp.back().top.front().first, lp.back().id) << "a greedy token is its own most likely";
   EXPECT_TRUE(c.last[ids[0]].logprobs.empty());
+}
+
+TEST(EngineDeviceSampling, PenalizedRequestsDrawOnTheHost) {
+  // The device draws without penalties: a request with them gets its row's logits and the host
+  // Sampler's draw, batched with one the device draws. Reference: the greedy loop with vLLM's
+  // penalties written out here.
+  DeviceDrawingModel model(tiny().model);
+  const int64_t vocab = model.config().vocab_size;
+  std::mt19937 rng(8);
+  const std::vector<int32_t> prompt = random_prompt(rng, 20), other = random_prompt(rng, 9);
+  RequestParams penalized = greedy(24);
+  penalized.sampling.repetition_penalty = 1.6f;
+  penalized.sampling.frequency_penalty = 0.9f;
+  penalized.sampling.presence_penalty = 0.4f;
+  RequestParams keyed = greedy(24);
+  keyed.sampling.temperature = 1.0f;
+  keyed.sampling.seed = 3;
+  EngineConfig config;
+  config.max_num_seqs = 2;
+  config.max_model_len = 128;
+  Engine engine(model, nullptr, config);
+  Collector c;
+  const uint64_t a = engine.add_request(prompt, penalized, c.callback());
+  const uint64_t b = engine.add_request(other, keyed, c.callback());
+  while (engine.has_work()) engine.step();
+
+  const SamplingParams& p = penalized.sampling;
+  const auto adjust = [&p](std::vector<float>& logits, const std::vector<int32_t>& prompt_ids,
+                           const std::vector<int32_t>& output) {
+    std::vector<int> count(logits.size(), 0);
+    std::vector<bool> seen(logits.size(), false);
+    for (const int32_t id : prompt_ids) seen[id] = true;
+    for (const int32_t id : output) seen[id] = true, ++count[id];
+    for (size_t id = 0; id < logits.size(); ++id) {
+      if (!seen[id]) continue;
+      logits[id] = logits[id] > 0 ? logits[id] / p.repetition_penalty : logits[id] * p.repetition_penalty;
+      if (count[id] > 0) logits[id] -= p.frequency_penalty * count[id] + p.presence_penalty;
+    }
+  };
+  const std::vector<int32_t> expect = reference_greedy(prompt, 24, adjust);
+  EXPECT_EQ(c.ids[a], expect);
+  EXPECT_NE(expect, reference_greedy(prompt, 24)) << "the penalties changed nothing: the test would not see them";
+  std::vector<int32_t> keyed_expect;
+  for (uint64_t step = 0; step < 24; ++step) keyed_expect.push_back(keyed_draw(3, step, vocab));
+  EXPECT_EQ(c.ids[b], keyed_expect);
+  EXPECT_EQ(model.logit_downloads, model.steps) << "every step drew a penalized token";
 }
 
 }  // namespace

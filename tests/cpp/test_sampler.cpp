@@ -1,8 +1,10 @@
-// Sampling filters and stop-string streaming, checked against their definitions.
+// Sampling filters, penalties and stop-string streaming, checked against their definitions.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "base/error.h"
@@ -79,6 +81,86 @@ TEST(Sampler, RejectsBadParameters) {
   EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 0.0f, 0.0f, {}}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 1.0f, 1.5f, {}}), Error);
   EXPECT_THROW(Sampler(SamplingParams{NAN, 0, 1.0f, 0.0f, {}}), Error);
+}
+
+// The penalties as vLLM defines them, written plainly: repetition on every token of the prompt or
+// output, then frequency x count and presence once for tokens of the output.
+std::vector<float> penalized_reference(std::vector<float> logits, const SamplingParams& p,
+                                       const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+  std::set<int32_t> seen(prompt.begin(), prompt.end());
+  seen.insert(output.begin(), output.end());
+  std::map<int32_t, int> count;
+  for (const int32_t id : output) ++count[id];
+  for (const int32_t id : seen) {
+    if (id < 0 || id >= static_cast<int32_t>(logits.size())) continue;
+    float& x = logits[id];
+    x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+    if (count.contains(id)) x -= p.frequency_penalty * count[id] + p.presence_penalty;
+  }
+  return logits;
+}
+
+TEST(Sampler, GreedyPenaltiesMatchTheReference) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_int_distribution<int32_t> token(-2, 40);  // a few ids outside the 37-token vocabulary
+  std::uniform_real_distribution<float> penalty(-2.0f, 2.0f), repetition(0.5f, 2.0f);
+  int changed = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<float> logits(37);
+    for (float& x : logits) x = normal(rng);
+    std::vector<int32_t> prompt(trial % 7), output(trial % 11);
+    for (int32_t& id : prompt) id = token(rng);
+    for (int32_t& id : output) id = token(rng);
+    SamplingParams p{.temperature = 0.0f};
+    p.repetition_penalty = trial % 3 == 0 ? 1.0f : repetition(rng);
+    p.frequency_penalty = trial % 5 == 0 ? 0.0f : penalty(rng);
+    p.presence_penalty = trial % 4 == 0 ? 0.0f : penalty(rng);
+    Sampler s(p);
+    const int32_t expected = argmax(penalized_reference(logits, p, prompt, output));
+    EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
+    // Twice: the sampler's scratch is clean between draws.
+    EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
+    changed += expected != argmax(logits);
+  }
+  EXPECT_GT(changed, 30);  // the penalties moved the argmax often enough to be tested
+}
+
+TEST(Sampler, PenalizedDrawsFollowThePenalizedSoftmax) {
+  // Token 0 leads by 1 but occurs twice in the output: frequency 0.5 x 2 + presence 0.5 puts it
+  // 0.5 behind token 1; token 2 is in the prompt only, so repetition 2 halves its logit.
+  const std::vector<float> logits{1.0f, 0.0f, 0.6f};
+  SamplingParams p{.temperature = 1.0f, .seed = 5};
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.5f;
+  p.repetition_penalty = 2.0f;
+  const std::vector<int32_t> prompt{2}, output{0, 0};
+  const std::vector<float> ref = penalized_reference(logits, p, prompt, output);
+  ASSERT_FLOAT_EQ(ref[0], 0.5f - 1.5f);
+  ASSERT_FLOAT_EQ(ref[2], 0.3f);
+  Sampler s(p);
+  std::map<int32_t, int> h;
+  const int draws = 20000;
+  for (int i = 0; i < draws; ++i) ++h[s.sample(logits, prompt, output)];
+  double total = 0.0;
+  for (const float x : ref) total += std::exp(x);
+  for (int32_t id = 0; id < 3; ++id) EXPECT_NEAR(h[id] / double(draws), std::exp(ref[id]) / total, 0.015) << id;
+}
+
+TEST(Sampler, RejectsBadPenalties) {
+  for (const float bad : {0.0f, -1.0f, 11.0f, NAN}) {
+    SamplingParams p;
+    p.repetition_penalty = bad;
+    EXPECT_THROW(Sampler{p}, Error) << bad;
+  }
+  for (const float bad : {-2.5f, 2.5f, NAN}) {
+    SamplingParams p;
+    p.frequency_penalty = bad;
+    EXPECT_THROW(Sampler{p}, Error) << bad;
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = bad;
+    EXPECT_THROW(Sampler{p}, Error) << bad;
+  }
 }
 
 TEST(StopMatcher, HoldsBackPartialMatchesAndCutsAtStop) {

@@ -180,8 +180,8 @@ def test_concurrent_streams_with_disconnects(load_server):
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "ignore_eos",
-          "best_of", "echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "spin",
-          "response_format", "tools", "user"]
+          "best_of", "echo", "suffix", "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty",
+          "spin", "response_format", "tools", "user"]
 SPIN_FIELDS = ["algorithm", "budget", "sink_tokens", "window_tokens", "first_dense_layers", "ignore_eos", "nope"]
 
 
