@@ -619,7 +619,8 @@ StepReport Engine::step() {
       report.n_tokens += n;
     }
     // A model that draws on its device gets each request's sampling rule; it downloads the logits
-    // only when a request wants logprobs or penalties, which the host's Sampler applies and draws.
+    // only when a request wants logprobs, or a logit bias or penalties, which the host's Sampler
+    // applies before it draws.
     const bool draws_on_device = model_.samples_on_device();
     bool want_logits = false;
     std::vector<DeviceSampling> sampling;
@@ -633,7 +634,7 @@ StepReport Engine::step() {
                                           .min_p = p.min_p,
                                           .seed = r.seed,
                                           .step = static_cast<uint64_t>(r.n_sampled)});
-        want_logits |= report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.penalized());
+        want_logits |= report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.adjusts_logits());
       }
     }
     forward_start = clock::now();
@@ -681,7 +682,7 @@ StepReport Engine::step() {
       const std::span<const float> logits = !draws_on_device || want_logits
                                                 ? std::span<const float>(logits_.data() + i * vocab, vocab)
                                                 : std::span<const float>();
-      const bool drawn_on_device = draws_on_device && !r.params.sampling.penalized();
+      const bool drawn_on_device = draws_on_device && !r.params.sampling.adjusts_logits();
       sample_next(r, logits, drawn_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {
         outputs.emplace_back(std::move(r.on_output), std::move(out));

@@ -19,6 +19,9 @@ void SamplingParams::validate() const {
              "frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
   SPIN_CHECK(presence_penalty >= -2.0f && presence_penalty <= 2.0f,
              "presence_penalty must be in [-2, 2], got {}", presence_penalty);
+  for (const auto& [id, bias] : logit_bias)
+    SPIN_CHECK(id >= 0 && bias >= -100.0f && bias <= 100.0f,
+               "logit_bias must map token ids >= 0 to values in [-100, 100], got {} for {}", bias, id);
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
@@ -30,16 +33,20 @@ int32_t argmax(std::span<const float> values) {
   return static_cast<int32_t>(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
-std::span<const float> Sampler::penalize(std::span<const float> logits, std::span<const int32_t> prompt,
-                                        std::span<const int32_t> output) {
-  if (!params_.penalized()) return logits;
+std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<const int32_t> prompt,
+                                      std::span<const int32_t> output) {
+  if (!params_.adjusts_logits()) return logits;
   const size_t vocab = logits.size();
-  penalized_.assign(logits.begin(), logits.end());
+  adjusted_.assign(logits.begin(), logits.end());
+  const auto in_vocab = [vocab](int32_t id) { return id >= 0 && static_cast<size_t>(id) < vocab; };
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (in_vocab(id)) adjusted_[id] += bias;
+  if (params_.repetition_penalty == 1.0f && params_.frequency_penalty == 0.0f && params_.presence_penalty == 0.0f)
+    return adjusted_;
   if (counts_.size() != vocab) {
     counts_.assign(vocab, 0);
     seen_.assign(vocab, 0);
   }
-  const auto in_vocab = [vocab](int32_t id) { return id >= 0 && static_cast<size_t>(id) < vocab; };
   touched_.clear();
   const auto touch = [&](int32_t id) {
     if (!seen_[id]) {
@@ -56,19 +63,19 @@ std::span<const float> Sampler::penalize(std::span<const float> logits, std::spa
   }
   const float repetition = params_.repetition_penalty;
   for (const int32_t id : touched_) {
-    float& logit = penalized_[id];
+    float& logit = adjusted_[id];
     if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
     if (counts_[id] > 0)
       logit -= params_.frequency_penalty * static_cast<float>(counts_[id]) + params_.presence_penalty;
     counts_[id] = 0;
     seen_[id] = 0;
   }
-  return penalized_;
+  return adjusted_;
 }
 
 int32_t Sampler::sample(std::span<const float> raw_logits, std::span<const int32_t> prompt,
                         std::span<const int32_t> output) {
-  const std::span<const float> logits = penalize(raw_logits, prompt, output);
+  const std::span<const float> logits = adjust(raw_logits, prompt, output);
   if (params_.greedy()) return argmax(logits);
   const int32_t vocab = static_cast<int32_t>(logits.size());
 

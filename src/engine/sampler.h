@@ -1,10 +1,11 @@
 #pragma once
-// Next-token sampling: repetition, frequency and presence penalties, then greedy or temperature
-// with top-k, top-p and min-p, with a seeded RNG.
+// Next-token sampling: logit bias, repetition, frequency and presence penalties, then greedy or
+// temperature with top-k, top-p and min-p, with a seeded RNG.
 #include <cstdint>
 #include <optional>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace spin {
@@ -19,6 +20,9 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1 = off
   float min_p = 0.0f;        // 0 = off
   std::optional<uint64_t> seed;
+  // Added to the logits of these tokens before anything else (OpenAI's logit_bias; ids outside
+  // the logits are ignored).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   // vLLM's (and OpenAI's) penalties, in vLLM's order. Repetition: the logit of each token of the
   // prompt or the output so far is divided by it where positive, multiplied where negative (1 =
   // off). Then frequency and presence: each token's logit drops by frequency x its count in the
@@ -30,8 +34,9 @@ struct SamplingParams {
   // Throws spin::Error naming the bad field (negative temperature, top_p outside (0, 1], ...).
   void validate() const;
   bool greedy() const { return temperature < kGreedyBelowTemperature || top_k == 1; }
-  bool penalized() const {
-    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
+  // Whether the logits change before the draw (bias or penalties): the host Sampler draws then.
+  bool adjusts_logits() const {
+    return !logit_bias.empty() || repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f;
   }
 };
 
@@ -44,14 +49,14 @@ class Sampler {
                  std::span<const int32_t> output = {});
 
  private:
-  // The logits with the penalties applied (in penalized_), or `logits` itself without penalties.
-  std::span<const float> penalize(std::span<const float> logits, std::span<const int32_t> prompt,
-                                  std::span<const int32_t> output);
+  // The logits with bias and penalties applied (in adjusted_), or `logits` itself without them.
+  std::span<const float> adjust(std::span<const float> logits, std::span<const int32_t> prompt,
+                                std::span<const int32_t> output);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> candidates_;
-  std::vector<float> penalized_;
+  std::vector<float> adjusted_;
   std::vector<uint32_t> counts_;   // per token: occurrences in the output (zero between draws)
   std::vector<uint8_t> seen_;      // per token: in the prompt or output (zero between draws)
   std::vector<int32_t> touched_;   // the tokens whose counts_ or seen_ are set

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -107,6 +108,12 @@ std::optional<std::string> get_string(const json& body, const char* name, const 
   if (!v) return std::nullopt;
   if (!v->is_string()) bad_request(param, fmt::format("'{}' must be a string, got {}", param, type_name(*v)));
   return v->get<std::string>();
+}
+
+// Token ids a request may name: ids past the tokenizer's vocabulary (padding rows of the model's)
+// have no text.
+int64_t sampleable_vocab(const ApiContext& ctx) {
+  return ctx.tokenizer ? std::min<int64_t>(ctx.tokenizer->vocab_size(), ctx.vocab_size) : ctx.vocab_size;
 }
 
 // Tokenizes prompt text; text the tokenizer refuses is the client's to fix.
@@ -215,7 +222,6 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   }
   if (auto echo = get_bool(body, "echo"); echo && *echo) bad_request("echo", "'echo' is not supported");
   if (field(body, "suffix")) bad_request("suffix", "'suffix' is not supported");
-  if (field(body, "logit_bias") && !body["logit_bias"].empty()) bad_request("logit_bias", "'logit_bias' is not supported");
   if (endpoint == Endpoint::ChatCompletions) {
     if (field(body, "tools") && !body["tools"].empty()) bad_request("tools", "tools are not supported");
     if (const json* rf = field(body, "response_format")) {
@@ -327,6 +333,22 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
       *value = static_cast<float>(*x);
     }
   }
+  if (const json* bias = field(body, "logit_bias")) {
+    const int64_t vocab = sampleable_vocab(ctx);
+    if (!bias->is_object()) bad_request("logit_bias", fmt::format("'logit_bias' must be an object, got {}", type_name(*bias)));
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = -1;
+      const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab) {
+        bad_request("logit_bias", fmt::format("'logit_bias' keys must be token ids in 0..{}, got '{}'", vocab - 1, key));
+      }
+      if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {
+        bad_request("logit_bias", fmt::format("'logit_bias' values must be numbers in [-100, 100], got {} for token {}",
+                                              value.dump(), key));
+      }
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+    }
+  }
   // vLLM's extra parameter (not OpenAI's).
   if (auto x = get_number(body, "repetition_penalty")) {
     if (!(*x > 0 && *x <= 10))
@@ -411,8 +433,7 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   }
   // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
   p.max_tokens = max_tokens ? *max_tokens : (endpoint == Endpoint::Completions ? std::min<int64_t>(16, room) : room);
-  // Ids past the tokenizer's vocabulary (padding rows of the model's) have no text.
-  const int64_t vocab = ctx.tokenizer ? std::min<int64_t>(ctx.tokenizer->vocab_size(), ctx.vocab_size) : ctx.vocab_size;
+  const int64_t vocab = sampleable_vocab(ctx);
   for (int32_t id : r.prompt_ids) {
     if (id >= vocab) {
       bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id, vocab - 1));

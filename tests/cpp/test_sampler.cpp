@@ -83,10 +83,13 @@ TEST(Sampler, RejectsBadParameters) {
   EXPECT_THROW(Sampler(SamplingParams{NAN, 0, 1.0f, 0.0f, {}}), Error);
 }
 
-// The penalties as vLLM defines them, written plainly: repetition on every token of the prompt or
-// output, then frequency x count and presence once for tokens of the output.
+// Bias and penalties as OpenAI and vLLM define them, written plainly: the bias added first, then
+// repetition on every token of the prompt or output, then frequency x count and presence once for
+// tokens of the output.
 std::vector<float> penalized_reference(std::vector<float> logits, const SamplingParams& p,
                                        const std::vector<int32_t>& prompt, const std::vector<int32_t>& output) {
+  for (const auto& [id, bias] : p.logit_bias)
+    if (id < static_cast<int32_t>(logits.size())) logits[id] += bias;
   std::set<int32_t> seen(prompt.begin(), prompt.end());
   seen.insert(output.begin(), output.end());
   std::map<int32_t, int> count;
@@ -100,7 +103,7 @@ std::vector<float> penalized_reference(std::vector<float> logits, const Sampling
   return logits;
 }
 
-TEST(Sampler, GreedyPenaltiesMatchTheReference) {
+TEST(Sampler, GreedyBiasAndPenaltiesMatchTheReference) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   std::uniform_int_distribution<int32_t> token(-2, 40);  // a few ids outside the 37-token vocabulary
@@ -116,6 +119,10 @@ TEST(Sampler, GreedyPenaltiesMatchTheReference) {
     p.repetition_penalty = trial % 3 == 0 ? 1.0f : repetition(rng);
     p.frequency_penalty = trial % 5 == 0 ? 0.0f : penalty(rng);
     p.presence_penalty = trial % 4 == 0 ? 0.0f : penalty(rng);
+    if (trial % 2 == 1) {
+      std::uniform_int_distribution<int32_t> id(0, 40);  // some past the vocabulary: ignored
+      for (int k = 0; k < trial % 5; ++k) p.logit_bias.emplace_back(id(rng), 3.0f * penalty(rng));
+    }
     Sampler s(p);
     const int32_t expected = argmax(penalized_reference(logits, p, prompt, output));
     EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
@@ -123,7 +130,7 @@ TEST(Sampler, GreedyPenaltiesMatchTheReference) {
     EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
     changed += expected != argmax(logits);
   }
-  EXPECT_GT(changed, 30);  // the penalties moved the argmax often enough to be tested
+  EXPECT_GT(changed, 30);  // bias and penalties moved the argmax often enough to be tested
 }
 
 TEST(Sampler, PenalizedDrawsFollowThePenalizedSoftmax) {
@@ -147,7 +154,12 @@ TEST(Sampler, PenalizedDrawsFollowThePenalizedSoftmax) {
   for (int32_t id = 0; id < 3; ++id) EXPECT_NEAR(h[id] / double(draws), std::exp(ref[id]) / total, 0.015) << id;
 }
 
-TEST(Sampler, RejectsBadPenalties) {
+TEST(Sampler, RejectsBadPenaltiesAndBias) {
+  for (const auto& bad : {std::pair{-1, 1.0f}, std::pair{3, 101.0f}, std::pair{3, NAN}}) {
+    SamplingParams p;
+    p.logit_bias.push_back(bad);
+    EXPECT_THROW(Sampler{p}, Error) << bad.first << " " << bad.second;
+  }
   for (const float bad : {0.0f, -1.0f, 11.0f, NAN}) {
     SamplingParams p;
     p.repetition_penalty = bad;

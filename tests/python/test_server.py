@@ -410,6 +410,31 @@ def test_penalties_match_numpy(server, client, run_spin, test_model, test_tmp):
         assert_error(server.api("/v1/completions", {"prompt": "hi", name: bad}), 400, name)
 
 
+def test_logit_bias_matches_numpy(server, client, run_spin, test_model, test_tmp, hf_tokenizer):
+    # Reference: the prompt's last-position logits (spin generate --logits-out) plus the bias, in numpy.
+    hf, _ = hf_tokenizer
+    prompt = PROMPTS[0]
+    _, ids = spin_generate(run_spin, test_model, test_tmp, prompt, 1)
+    logits_path = test_tmp / "bias_logits.npy"
+    run_spin("generate", "--model", test_model, "--prompt-ids", ",".join(map(str, ids["prompt_ids"])), "-n", 0,
+             "--logits-out", logits_path)
+    row = np.load(logits_path)[-1].astype(np.float64)
+    first, second = np.argsort(-row, kind="stable")[:2]
+    for bias in ({str(first): -100}, {str(first): -100, str(second): -3.5}, {str(second): 2.0}):
+        shifted = row.copy()
+        for token, b in bias.items():
+            shifted[int(token)] += b
+        r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0, logit_bias=bias)
+        assert r.choices[0].text == hf.decode([int(np.argmax(shifted))]), bias
+    # A large bias forces its token at every step, sampled or not.
+    forced = 1000
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0.7, seed=1,
+                                  logit_bias={str(forced): 100})
+    assert r.choices[0].text == hf.decode([forced] * 4)
+    for bad in ({"x": 1}, {"5": 101}, {"-1": 1}, {"5": "big"}, {str(10 ** 9): 1}, [1, 2]):
+        assert_error(server.api("/v1/completions", {"prompt": "hi", "logit_bias": bad}), 400, "logit_bias")
+
+
 def test_client_errors(server, hf_tokenizer):
     hf, _ = hf_tokenizer
     status, _, body = server.api("/v1/completions", b"{not json")
