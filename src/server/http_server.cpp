@@ -514,9 +514,10 @@ void HttpServer::install_routes() {
       const std::string id = st->make_id(ep);
       const int64_t created = unix_now();
       const std::string& model = st->ctx.model_name;
-      const int64_t n_prompt = static_cast<int64_t>(pr.prompt_ids.size());
+      int64_t n_prompt = 0;  // all prompts' tokens (usage counts each prompt once, whatever its 'n')
+      for (const ParsedPrompt& prompt : pr.prompts) n_prompt += static_cast<int64_t>(prompt.ids.size());
       auto choices = std::make_shared<ChoiceSet>();
-      const size_t n = static_cast<size_t>(pr.n);
+      const size_t n = pr.prompts.size() * static_cast<size_t>(pr.n);
       choices->finished.assign(n, false);
       choices->completion_tokens.assign(n, 0);
       choices->text_bytes.assign(n, 0);
@@ -524,11 +525,13 @@ void HttpServer::install_routes() {
       const Tokenizer* tokenizer = st->ctx.tokenizer;
       try {
         for (size_t i = 0; i < n; ++i) {
+          const ParsedPrompt& prompt = pr.prompts[i / static_cast<size_t>(pr.n)];
           RequestParams params = pr.params;
+          params.max_tokens = prompt.max_tokens;
           // Distinct choices from one seed: choice i samples with seed + i.
           if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + i;
           choices->engine_ids.push_back(engine.add_request(
-              pr.prompt_ids, params, [choices, i](const RequestOutput& out) { choices->queue.push({i, out}); }));
+              prompt.ids, params, [choices, i](const RequestOutput& out) { choices->queue.push({i, out}); }));
         }
       } catch (...) {
         for (uint64_t engine_id : choices->engine_ids) engine.abort(engine_id);

@@ -140,19 +140,27 @@ std::vector<int32_t> token_id_array(const json& array, const char* param) {
   return ids;
 }
 
-// "prompt": a string, an array of token ids, or a one-element array of either.
-std::vector<int32_t> completion_prompt(const json& body, const ApiContext& ctx) {
+// "prompt": a string, an array of token ids, or an array of either (one prompt each).
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ApiContext& ctx) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required");
-  if (p->is_string()) return encode_text(ctx, p->get<std::string>(), "prompt");
+  if (p->is_string()) return {encode_text(ctx, p->get<std::string>(), "prompt")};
   if (!p->is_array()) bad_request("prompt", fmt::format("'prompt' must be a string or an array, got {}", type_name(*p)));
   if (p->empty()) bad_request("prompt", "'prompt' is empty");
-  if ((*p)[0].is_number_integer()) return token_id_array(*p, "prompt");
-  if (p->size() > 1) bad_request("prompt", "several prompts in one request are not supported yet; send one per request");
-  const json& only = (*p)[0];
-  if (only.is_string()) return encode_text(ctx, only.get<std::string>(), "prompt");
-  if (only.is_array()) return token_id_array(only, "prompt");
-  bad_request("prompt", fmt::format("'prompt' elements must be strings or token-id arrays, got {}", type_name(only)));
+  if ((*p)[0].is_number_integer()) return {token_id_array(*p, "prompt")};
+  std::vector<std::vector<int32_t>> prompts;
+  for (size_t k = 0; k < p->size(); ++k) {
+    const json& one = (*p)[k];
+    const std::string param = fmt::format("prompt[{}]", k);
+    if (one.is_string()) {
+      prompts.push_back(encode_text(ctx, one.get<std::string>(), param));
+    } else if (one.is_array()) {
+      prompts.push_back(token_id_array(one, param.c_str()));
+    } else {
+      bad_request("prompt", fmt::format("'prompt' elements must be strings or token-id arrays, got {}", type_name(one)));
+    }
+  }
+  return prompts;
 }
 
 std::string message_content(const json& content, size_t index) {
@@ -393,12 +401,6 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   }
   if (auto n = get_int(body, "n")) {
     if (*n < 1 || *n > kMaxChoices) bad_request("n", fmt::format("'n' must be in 1..{}, got {}", kMaxChoices, *n));
-    const int64_t capacity = ctx.max_running + ctx.max_waiting;
-    if (capacity > 0 && *n > capacity) {
-      bad_request("n", fmt::format("'n' is {} but this server holds at most {} requests at once ({} running, {} "
-                                   "waiting) and each choice is one",
-                                   *n, capacity, ctx.max_running, ctx.max_waiting));
-    }
     r.n = *n;
   }
   r.stream = get_bool(body, "stream").value_or(false);
@@ -411,33 +413,52 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   p.attention = ctx.default_attention;
   if (const json* ext = field(body, "spin")) parse_extension(*ext, ctx, p);
 
-  r.prompt_ids = endpoint == Endpoint::ChatCompletions ? chat_prompt(body, ctx) : completion_prompt(body, ctx);
-  const int64_t n_prompt = static_cast<int64_t>(r.prompt_ids.size());
-  if (n_prompt == 0) bad_request(endpoint == Endpoint::ChatCompletions ? "messages" : "prompt", "the prompt is empty");
-  const char* prompt_param = endpoint == Endpoint::ChatCompletions ? "messages" : "prompt";
-  if (n_prompt >= ctx.max_model_len) {
-    throw ApiError(400, "invalid_request_error",
-                   fmt::format("the prompt has {} tokens but this model's context length is {} "
-                               "(the prompt must leave room for at least one generated token)",
-                               n_prompt, ctx.max_model_len),
-                   prompt_param, "context_length_exceeded");
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+  std::vector<std::vector<int32_t>> prompts;
+  if (chat) {
+    prompts.push_back(chat_prompt(body, ctx));
+  } else {
+    prompts = completion_prompts(body, ctx);
+  }
+  // Each choice is one engine request: a request the server could never hold all of is refused.
+  const int64_t choices = static_cast<int64_t>(prompts.size()) * r.n;
+  const int64_t capacity = ctx.max_running + ctx.max_waiting;
+  if (choices > kMaxRequestChoices || (capacity > 0 && choices > capacity)) {
+    const int64_t most = capacity > 0 ? std::min<int64_t>(kMaxRequestChoices, capacity) : kMaxRequestChoices;
+    bad_request(r.n > 1 ? "n" : "prompt",
+                fmt::format("{} prompts x 'n' {} is {} choices, but this server takes at most {} in one request "
+                            "({} running, {} waiting at once)",
+                            prompts.size(), r.n, choices, most, ctx.max_running, ctx.max_waiting));
   }
   r.max_tokens_given = max_tokens.has_value();
-  const int64_t room = ctx.max_model_len - n_prompt;
-  if (max_tokens && *max_tokens > room) {
-    throw ApiError(400, "invalid_request_error",
-                   fmt::format("the prompt has {} tokens and {} is {}: {} in all, past this model's "
-                               "context length of {} tokens",
-                               n_prompt, max_param, *max_tokens, n_prompt + *max_tokens, ctx.max_model_len),
-                   max_param, "context_length_exceeded");
-  }
-  // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
-  p.max_tokens = max_tokens ? *max_tokens : (endpoint == Endpoint::Completions ? std::min<int64_t>(16, room) : room);
   const int64_t vocab = sampleable_vocab(ctx);
-  for (int32_t id : r.prompt_ids) {
-    if (id >= vocab) {
-      bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id, vocab - 1));
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const std::string prompt_param = chat ? "messages" : prompts.size() > 1 ? fmt::format("prompt[{}]", k) : "prompt";
+    const int64_t n_prompt = static_cast<int64_t>(prompts[k].size());
+    if (n_prompt == 0) bad_request(prompt_param, "the prompt is empty");
+    if (n_prompt >= ctx.max_model_len) {
+      throw ApiError(400, "invalid_request_error",
+                     fmt::format("the prompt has {} tokens but this model's context length is {} "
+                                 "(the prompt must leave room for at least one generated token)",
+                                 n_prompt, ctx.max_model_len),
+                     prompt_param, "context_length_exceeded");
     }
+    const int64_t room = ctx.max_model_len - n_prompt;
+    if (max_tokens && *max_tokens > room) {
+      throw ApiError(400, "invalid_request_error",
+                     fmt::format("the prompt has {} tokens and {} is {}: {} in all, past this model's "
+                                 "context length of {} tokens",
+                                 n_prompt, max_param, *max_tokens, n_prompt + *max_tokens, ctx.max_model_len),
+                     max_param, "context_length_exceeded");
+    }
+    for (int32_t id : prompts[k]) {
+      if (id >= vocab) {
+        bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id, vocab - 1));
+      }
+    }
+    // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
+    const int64_t tokens = max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room));
+    r.prompts.push_back(ParsedPrompt{std::move(prompts[k]), tokens});
   }
   return r;
 }

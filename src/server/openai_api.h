@@ -51,16 +51,25 @@ nlohmann::ordered_json error_body(const std::string& message, const std::string&
 
 enum class Endpoint { Completions, ChatCompletions };
 
-constexpr int64_t kMaxChoices = 16;      // the most `n` one request may ask for
+constexpr int64_t kMaxChoices = 16;           // the most `n` one request may ask for
+constexpr int64_t kMaxRequestChoices = 1024;  // the most prompts x `n` in one request
 constexpr int64_t kMaxTopLogprobs = 20;  // the most alternatives per token
 
 // What a completions or chat request asks for, validated.
+// One prompt of a request: its tokens and the tokens to generate for it (the default depends on
+// its length).
+struct ParsedPrompt {
+  std::vector<int32_t> ids;
+  int64_t max_tokens = 0;
+};
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
-  std::vector<int32_t> prompt_ids;
-  RequestParams params;
+  // One for chat; /v1/completions takes several. Choice k * n + j is prompt k's j-th.
+  std::vector<ParsedPrompt> prompts;
+  RequestParams params;  // every choice's, with each prompt's max_tokens
   bool max_tokens_given = false;
-  int64_t n = 1;  // choices: n engine requests on the same prompt
+  int64_t n = 1;  // choices per prompt: n engine requests on it
   bool stream = false;
   bool include_usage = false;
 };

@@ -304,6 +304,24 @@ def test_n_choices(client):
     assert reasons == [c.finish_reason for c in two.choices]
 
 
+def test_several_prompts(client):
+    # /v1/completions takes a list of prompts (text or token ids); choice k * n + j is prompt k's
+    # j-th, equal to that prompt sent alone; usage counts each prompt once.
+    prompts = [PROMPTS[0], PROMPTS[6], [504, 1023, 30, 7]]
+    singles = [client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=5, temperature=0) for p in prompts]
+    both = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in both.choices] == list(range(6))
+    assert [c.text for c in both.choices] == [s.choices[0].text for s in singles for _ in range(2)]
+    assert both.usage.prompt_tokens == sum(s.usage.prompt_tokens for s in singles)
+    assert both.usage.completion_tokens == 2 * sum(s.usage.completion_tokens for s in singles)
+    streamed = [""] * 3
+    for chunk in client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=5, temperature=0,
+                                           stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == [s.choices[0].text for s in singles]
+
+
 def log_softmax(row):
     row = row.astype(np.float64)
     shifted = row - row.max()
@@ -747,7 +765,9 @@ def test_overload_is_503(spin_bin, test_model, test_tmp):
         assert wait_for(lambda: small.metrics()["spin_num_requests_running"] == 0)
         # More choices than the server ever holds could never run: the client's mistake, nothing queued.
         err = assert_error(small.api("/v1/completions", {"prompt": "hi", "max_tokens": 3, "n": 2}, key=None), 400,
-                           "n", ["'n' is 2", "at most 1 requests"])
+                           "n", ["'n' 2 is 2 choices", "at most 1"])
+        assert_error(small.api("/v1/completions", {"prompt": ["hi", "ho"], "max_tokens": 3}, key=None), 400,
+                     "prompt", ["2 prompts", "at most 1"])
         assert err["type"] == "invalid_request_error"
         assert wait_for(lambda: small.metrics()["spin_num_requests_running"] == 0)
         assert small.api("/v1/completions", {"prompt": "hi", "max_tokens": 2}, key=None)[0] == 200
