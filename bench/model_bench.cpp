@@ -253,10 +253,13 @@ constexpr int kProfileSteps = 12;
 // The warm-up runs until the trace has selected, per (request, layer, KV head), twice as many
 // distinct pages as its cache holds on average: a cache that hits often fills slowly ((1 +
 // factor) / (1 - hit rate) steps: 15 at 5x and a 0.6 hit rate, 150 at 5x and 0.96). At least
-// kMinWarmSteps, at most kMaxWarmSteps. The LRU replay's hit rate beside the store's shows
-// whether that was enough for LRU; where Belady needs longer still, the ideal reads high.
+// kMinWarmSteps, at most kMaxWarmSteps, and no longer once the trace holds kMaxWarmPages page
+// references (RetroInfer at batch 8 would record half a billion in 400 steps, and replaying them
+// takes minutes). The LRU replay's hit rate beside the store's shows whether that was enough for
+// LRU; where Belady needs longer still, the ideal reads high.
 constexpr int kMinWarmSteps = 12;
 constexpr int kMaxWarmSteps = 400;
+constexpr size_t kMaxWarmPages = size_t{64} << 20;
 
 // Profiled eager decode steps of one shape (`step` runs one over the batch): their phases, the
 // store's hit rate, and their selections replayed with the store's cache slots through Belady's
@@ -288,7 +291,7 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
   int warm_steps = kMaxWarmSteps;
   for (int s = 0; s < warm_steps + kProfileSteps; ++s) {
     if (s < warm_steps && s >= kMinWarmSteps && items > 0 &&
-        distinct.size() >= 2 * static_cast<size_t>(slots) * items)
+        (distinct.size() >= 2 * static_cast<size_t>(slots) * items || trace.pages.size() >= kMaxWarmPages))
       warm_steps = s;
     if (s == warm_steps) counted_from = factory.usage().value_or(spin::KvStoreUsage{});
     const auto start = clock_type::now();
@@ -702,13 +705,13 @@ void run_cuda(const BenchArgs& a) {
     std::printf("\nWhere a sparse step's time goes: %d eager steps (CUDA graphs off) with events between the "
                 "phases of each sparse layer, summed over layers, right before the timed graph steps, after warm-up "
                 "steps that fill the caches and are not counted (until each cache's worth of distinct pages was "
-                "selected twice over, %d to %d steps). Ideal = HBM bytes at the device copy rate + the pages Belady's "
+                "selected twice over, %d to %d steps, or %zu M page references recorded). Ideal = HBM bytes at the device copy rate + the pages Belady's "
                 "replacement would fetch (same trace, same cache slots; each at the bytes a measured miss cost) at the "
                 "bulk host-to-device rate; with LRU: the same with the LRU replay's fetches, the step this store's "
                 "policy allows at the physical limits. The replays start from empty caches: where the LRU replay's "
                 "hit rate is below the store's, the replays are short of the store's history and Belady's is low "
                 "too.\n\n",
-                kProfileSteps, kMinWarmSteps, kMaxWarmSteps);
+                kProfileSteps, kMinWarmSteps, kMaxWarmSteps, kMaxWarmPages >> 20);
     std::printf("| batch | context | warm-up steps | eager ms/step | index+score ms | select ms | retrieve ms | "
                 "key rebuild ms | attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | "
                 "ideal ms/step | ideal with LRU ms/step | measured (graphs) / ideal |\n");
