@@ -22,7 +22,7 @@ struct SamplingParams {
   std::optional<uint64_t> seed;
   // Added to the logits of these tokens before anything else (OpenAI's logit_bias; ids outside
   // the logits are ignored).
-  std::vector<std::pair<int32_t, float>> logit_bias;
+  std::vector<std::pair<int32_t, float>> logit_bias = {};
   // vLLM's (and OpenAI's) penalties, in vLLM's order. Repetition: the logit of each token of the
   // prompt or the output so far is divided by it where positive, multiplied where negative (1 =
   // off). Then frequency and presence: each token's logit drops by frequency x its count in the

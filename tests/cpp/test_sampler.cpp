@@ -115,7 +115,8 @@ TEST(Sampler, GreedyBiasAndPenaltiesMatchTheReference) {
     std::vector<int32_t> prompt(trial % 7), output(trial % 11);
     for (int32_t& id : prompt) id = token(rng);
     for (int32_t& id : output) id = token(rng);
-    SamplingParams p{.temperature = 0.0f};
+    SamplingParams p;
+    p.temperature = 0.0f;
     p.repetition_penalty = trial % 3 == 0 ? 1.0f : repetition(rng);
     p.frequency_penalty = trial % 5 == 0 ? 0.0f : penalty(rng);
     p.presence_penalty = trial % 4 == 0 ? 0.0f : penalty(rng);
