@@ -699,7 +699,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--out", args->out, "output directory (fidelity.json/.md, locality.json/.md)")->capture_default_str();
   cmd->add_option("--trace", args->trace, "record every selection into this trace file (+ FILE.json)");
   cmd->add_option("--locality", args->locality, "replay a recorded trace: hit rate vs buffer size");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   cmd->add_option("--seed", args->seed, "seed of the generated prompts")->capture_default_str();
   cmd->add_option("--seer-gate", args->seer_gate,
                   "seer: trained gate weights (safetensors, layers.{l}.seer.k_gate / q_gate per layer); default: the "

@@ -164,7 +164,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prefill-chunk", args->gen.prefill_chunk, "prompt tokens per prefill step")
       ->capture_default_str();
   cmd->add_option("--max-context", args->gen.max_context, "context length (default: the model's)");
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   cmd->add_option("--logits-out", args->logits_out, "write the logits of every prompt position (.npy)");
   cmd->add_option("--ids-out", args->ids_out, "write prompt and output token ids (JSON)");
   cmd->callback([args, prompt, prompt_ids] {

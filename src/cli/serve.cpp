@@ -166,12 +166,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-seqs", args->engine.max_num_seqs, "requests running at once")->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", args->engine.max_num_batched_tokens, "tokens per engine step")
       ->capture_default_str();
-  cmd->add_option("--max-model-len", args->engine.max_model_len, "context length (default: the model's)");
+  cmd->add_option("--max-model-len", args->engine.max_model_len, "context length (0: the model's)")
+      ->check(kNonNegativeInteger);
   cmd->add_option("--kv-cache-tokens", args->engine.kv_token_budget,
-                  "KV tokens of all requests together (default: max-num-seqs x max-model-len, capped by memory)");
+                  "KV tokens of all requests together (default: max-num-seqs x max-model-len, capped by memory)")
+      ->check(kNonNegativeInteger);
   cmd->add_option("--max-waiting", args->engine.max_waiting, "queued requests beyond the running ones; more get 503")
       ->capture_default_str();
-  cmd->add_option("-t,--threads", args->threads, "CPU threads (default: all cores)");
+  cmd->add_option("-t,--threads", args->threads, "CPU threads (0: all cores)")->check(CLI::Range(0, 4096));
   cmd->add_option("--sparse-algorithm", args->sparse_algorithm,
                   "attention of requests without a \"spin\" object (dense, dense-offload, quest, ...)")
       ->capture_default_str();
@@ -185,7 +187,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", args->backend.gpu_memory_utilization,
                   "cuda: share of the GPU's memory for weights, activations and the KV pool (the pool gets the rest)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   // vLLM's "-tp" is no valid CLI11 2.1 name; main() rewrites it to --tp.
   cmd->add_option("--tensor-parallel-size,--tp", args->backend.tensor_parallel_size,
                   "split every layer over N ranks (cuda: GPUs 0..N-1 joined by NCCL; cpu: N thread groups); N must "
@@ -202,7 +205,8 @@ void add_serve_command(CLI::App& app) {
                   "paged KV store: the most cached pages a sparse request keeps beside its selection, as a multiple "
                   "of the selection budget (elastic buffers grow up to it into free device pages; more helps where "
                   "selections change a lot from step to step)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 64.0));
   cmd->add_option("--seer-gate", args->backend.seer_gate,
                   "seer: trained gate weights (safetensors, layers.{l}.seer.k_gate / q_gate per layer) for every seer "
                   "request; default: the training-free gate");

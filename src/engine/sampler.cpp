@@ -54,8 +54,15 @@ std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<
       touched_.push_back(id);
     }
   };
-  for (const int32_t id : prompt)
-    if (in_vocab(id)) touch(id);
+  if (!prompt_known_ || prompt_size_ != prompt.size()) {
+    for (const int32_t id : prompt)
+      if (in_vocab(id)) touch(id);
+    prompt_tokens_ = touched_;
+    prompt_size_ = prompt.size();
+    prompt_known_ = true;
+  } else {
+    for (const int32_t id : prompt_tokens_) touch(id);
+  }
   for (const int32_t id : output) {
     if (!in_vocab(id)) continue;
     touch(id);

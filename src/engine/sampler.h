@@ -44,7 +44,8 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   // The next token of a sequence whose prompt and output so far are the penalties' history (ids
-  // outside the logits are ignored).
+  // outside the logits are ignored). A Sampler draws for one sequence: it reads the prompt's
+  // tokens once.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt = {},
                  std::span<const int32_t> output = {});
 
@@ -60,6 +61,10 @@ class Sampler {
   std::vector<uint32_t> counts_;   // per token: occurrences in the output (zero between draws)
   std::vector<uint8_t> seen_;      // per token: in the prompt or output (zero between draws)
   std::vector<int32_t> touched_;   // the tokens whose counts_ or seen_ are set
+  // The prompt's distinct in-vocabulary tokens, found once: a request's prompt does not change.
+  std::vector<int32_t> prompt_tokens_;
+  size_t prompt_size_ = 0;
+  bool prompt_known_ = false;
 };
 
 // Index of the largest value (the lowest index among equals).

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <ctime>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <random>
 #include <system_error>
@@ -122,6 +124,39 @@ bool peer_closed(int fd) {
   return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
+// Whether a request carries a body (httplib leaves it in the stream unless a route reads it).
+bool has_body(const httplib::Request& req) {
+  return req.has_header("Transfer-Encoding") || req.get_header_value<uint64_t>("Content-Length") > 0;
+}
+
+// A response after which its connection ends, because the request's body was left unread (in
+// part or whole). httplib 0.11 keeps a connection open unless the request asks to close it, and
+// would parse the rest of the body as requests; close_after_response ends it instead.
+void mark_closing(httplib::Response& res) { res.set_header("Connection", "close"); }
+bool marked_closing(const httplib::Response& res) { return res.get_header_value("Connection") == "close"; }
+
+// Ends a connection whose response is written but whose request body was not read: no more
+// writes (the client sees the end of the stream after the response), then what the client still
+// sends is read and dropped for up to kLingerSeconds, then no more reads, so httplib's next read
+// ends the connection. Closing with unread bytes would reset it, and a reset can make the
+// client's TCP stack drop the response before the client reads it.
+constexpr int kLingerSeconds = 2;
+void close_after_response(const httplib::Request& req) {
+  const int fd = connection_socket(req);
+  if (fd < 0) return;
+  shutdown(fd, SHUT_WR);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kLingerSeconds);
+  std::vector<char> sink(1 << 16);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    if (recv(fd, sink.data(), sink.size(), 0) <= 0) break;
+  }
+  shutdown(fd, SHUT_RD);
+}
+
 // A streaming response: what its content provider needs, and the provider's one call.
 struct StreamResponse {
   std::shared_ptr<ChoiceSet> choices;
@@ -210,7 +245,8 @@ struct StreamResponse {
 // oversized Content-Length body), so the connection stays in step for its next request and the
 // client, still sending, gets the 413 rather than a reset. That drain is bounded: another
 // `limit` bytes, kBodyDrainSeconds, or until the server stops, whichever comes first; then the
-// connection closes after the 413, so an endless body holds no thread. Returns false with
+// connection ends after the 413 (close_after_response), so an endless body holds no thread.
+// httplib's own payload limit is off: it would skip an oversized Content-Length body whole. Returns false with
 // res.status set (413 past the limit) when there is no body to handle.
 constexpr double kBodyDrainSeconds = 5.0;
 bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
@@ -238,7 +274,7 @@ bool read_body(const httplib::Request& req, httplib::Response& res, const httpli
                         : reader(keep);
   if (received > limit) {
     res.status = 413;
-    if (cut) res.set_header("Connection", "close");
+    if (cut) mark_closing(res);
   } else if (!read && res.status < 400) {
     res.status = 400;
   }
@@ -404,9 +440,10 @@ namespace {
 
 Engine& live_engine(HttpServer::State& st);
 
-// The method of each route install_routes adds (HEAD goes with GET), or "" for no such path.
+// The methods of each route install_routes adds (httplib answers HEAD where GET has a route), or
+// "" for no such path.
 std::string_view route_method(const std::string& path) {
-  if (path == "/health" || path == "/metrics" || path == "/v1/models") return "GET";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models") return "GET, HEAD";
   if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
   return "";
 }
@@ -417,7 +454,9 @@ void HttpServer::install_routes() {
   httplib::Server& http = *http_;
   std::shared_ptr<State> st = state_;
   http.new_task_queue = [this] { return pool_.release(); };
-  http.set_payload_max_length(config_.max_body_bytes);
+  // Bodies are limited by read_body, which stops reading an endless one; httplib's limit would read
+  // an oversized Content-Length body whole to skip it.
+  http.set_payload_max_length(std::numeric_limits<size_t>::max());
   // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port.
   http.set_socket_options([this](int fd) {
     int yes = 1;
@@ -426,6 +465,15 @@ void HttpServer::install_routes() {
   });
 
   http.set_pre_routing_handler([st](const httplib::Request& req, httplib::Response& res) {
+    // Only the methods with body routes read a body (through read_body); httplib would read
+    // another's (PRI's) whole, and leave a GET's in the stream to be parsed as requests.
+    const bool body_method = req.method == "POST" || req.method == "PUT" || req.method == "PATCH" ||
+                             req.method == "DELETE";
+    if (!body_method && has_body(req)) {
+      send_error(res, 400, "invalid_request_error", fmt::format("a {} request takes no body", req.method));
+      mark_closing(res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const std::string& key = st->config.api_key;
     if (key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + key) {
@@ -433,6 +481,7 @@ void HttpServer::install_routes() {
     }
     send_error(res, 401, "authentication_error", "a valid API key is required (Authorization: Bearer <key>)",
                "", "invalid_api_key");
+    if (has_body(req)) mark_closing(res);  // its body is not read
     return httplib::Server::HandlerResponse::Handled;
   });
 
@@ -460,8 +509,11 @@ void HttpServer::install_routes() {
     return httplib::Server::HandlerResponse::Handled;
   }));
 
+  // httplib calls its logger once the response is written: where the request's body went unread,
+  // the connection ends there.
   http.set_logger([](const httplib::Request& req, const httplib::Response& res) {
     if (res.status >= 400) spdlog::info("{} {} -> {}", req.method, req.path, res.status);
+    if (marked_closing(res)) close_after_response(req);
   });
 
   // Every API handler: exceptions become OpenAI-style errors (error_reply); the server's own
@@ -528,8 +580,9 @@ void HttpServer::install_routes() {
           const ParsedPrompt& prompt = pr.prompts[i / static_cast<size_t>(pr.n)];
           RequestParams params = pr.params;
           params.max_tokens = prompt.max_tokens;
-          // Distinct choices from one seed: choice i samples with seed + i.
-          if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + i;
+          // Distinct choices from one seed: a prompt's choice j samples with seed + j (as each prompt
+          // sent alone would).
+          if (params.sampling.seed) params.sampling.seed = *params.sampling.seed + i % static_cast<size_t>(pr.n);
           choices->engine_ids.push_back(engine.add_request(
               prompt.ids, params, [choices, i](const RequestOutput& out) { choices->queue.push({i, out}); }));
         }

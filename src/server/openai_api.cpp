@@ -347,7 +347,9 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     for (const auto& [key, value] : bias->items()) {
       int64_t id = -1;
       const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
-      if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab) {
+      // Canonical ids only: "07" and "7" would bias token 7 twice.
+      if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab ||
+          std::to_string(id) != key) {
         bad_request("logit_bias", fmt::format("'logit_bias' keys must be token ids in 0..{}, got '{}'", vocab - 1, key));
       }
       if (!value.is_number() || value.get<double>() < -100 || value.get<double>() > 100) {

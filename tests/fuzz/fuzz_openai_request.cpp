@@ -76,13 +76,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string body(reinterpret_cast<const char*>(data + 1), size - 1);
   try {
     const spin::server::ParsedRequest r = spin::server::parse_request(endpoint, body, ctx);
-    const auto n_prompt = static_cast<int64_t>(r.prompt_ids.size());
-    if (n_prompt < 1 || n_prompt >= ctx.max_model_len || r.params.max_tokens < 1 ||
-        n_prompt + r.params.max_tokens > ctx.max_model_len || r.n < 1 || r.n > spin::server::kMaxChoices) {
-      std::fprintf(stderr, "accepted an impossible request: %lld prompt tokens, max_tokens %lld, n %lld\n",
-                   static_cast<long long>(n_prompt), static_cast<long long>(r.params.max_tokens),
+    const auto prompts = static_cast<int64_t>(r.prompts.size());
+    if (prompts < 1 || r.n < 1 || r.n > spin::server::kMaxChoices ||
+        prompts * r.n > spin::server::kMaxRequestChoices) {
+      std::fprintf(stderr, "accepted an impossible request: %lld prompts, n %lld\n", static_cast<long long>(prompts),
                    static_cast<long long>(r.n));
       std::abort();
+    }
+    for (const spin::server::ParsedPrompt& p : r.prompts) {
+      const auto n_prompt = static_cast<int64_t>(p.ids.size());
+      if (n_prompt < 1 || n_prompt >= ctx.max_model_len || p.max_tokens < 1 ||
+          n_prompt + p.max_tokens > ctx.max_model_len) {
+        std::fprintf(stderr, "accepted an impossible prompt: %lld tokens, max_tokens %lld\n",
+                     static_cast<long long>(n_prompt), static_cast<long long>(p.max_tokens));
+        std::abort();
+      }
     }
   } catch (const spin::server::ApiError& e) {
     if (e.status < 400 || e.status >= 500) {

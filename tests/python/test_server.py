@@ -320,6 +320,13 @@ def test_several_prompts(client):
         for c in chunk.choices:
             streamed[c.index] += c.text
     assert streamed == [s.choices[0].text for s in singles]
+    # Sampled: each prompt's choices draw with seed + j, as the prompt sent alone would.
+    alone = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[2], max_tokens=8, temperature=1.0, seed=5,
+                                      n=2)
+    batched = client.completions.create(model=MODEL_NAME, prompt=[PROMPTS[2], PROMPTS[2]], max_tokens=8,
+                                        temperature=1.0, seed=5, n=2)
+    assert [c.text for c in batched.choices] == [c.text for c in alone.choices] * 2
+    assert alone.choices[0].text != alone.choices[1].text
 
 
 def log_softmax(row):
@@ -449,7 +456,7 @@ def test_logit_bias_matches_numpy(server, client, run_spin, test_model, test_tmp
     r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0.7, seed=1,
                                   logit_bias={str(forced): 100})
     assert r.choices[0].text == hf.decode([forced] * 4)
-    for bad in ({"x": 1}, {"5": 101}, {"-1": 1}, {"5": "big"}, {str(10 ** 9): 1}, [1, 2]):
+    for bad in ({"x": 1}, {"5": 101}, {"-1": 1}, {"5": "big"}, {str(10 ** 9): 1}, [1, 2], {"7": 1, "07": 1}):
         assert_error(server.api("/v1/completions", {"prompt": "hi", "logit_bias": bad}), 400, "logit_bias")
 
 
@@ -501,8 +508,8 @@ def test_client_errors(server, hf_tokenizer):
     assert_error(server.request("GET", "/v1/nothing-here", headers={"Authorization": f"Bearer {API_KEY}"}), 404)
     # A path with a route, under another method: 405 with the method it takes.
     auth = {"Authorization": f"Bearer {API_KEY}"}
-    for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET"),
-                                  ("POST", "/health", "GET")):
+    for method, path, allowed in (("GET", "/v1/chat/completions", "POST"), ("DELETE", "/v1/models", "GET, HEAD"),
+                                  ("POST", "/health", "GET, HEAD")):
         result = server.request(method, path, body=b"{}" if method != "GET" else None, headers=auth)
         err = assert_error(result, 405, contains=[method, path, allowed])
         assert err["code"] == "method_not_allowed"
@@ -544,20 +551,22 @@ def test_chunked_body_over_the_limit_is_413(server):
     assert status == 200, body
 
 
-def endless_chunked_body(port, pause_after=None):
-    """Starts a chunked POST whose body never ends (64 KiB chunks; with pause_after, 20 per second
-    once that many bytes went). Returns the socket, a stop event and the sender thread, which
-    counts the bytes it sent in thread.sent."""
+def endless_body(port, pause_after=None, chunked=True):
+    """Starts a POST whose body never ends (64 KiB pieces, chunked or under a 1 TB Content-Length;
+    with pause_after, 20 per second once that many bytes went). Returns the socket, a stop event and
+    the sender thread, which counts the bytes it sent in thread.sent."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {10 ** 12}"
     sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
-                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+                 f"Content-Type: application/json\r\n{framing}\r\n\r\n".encode())
     chunk = b"a" * (1 << 16)
+    piece = b"%x\r\n" % len(chunk) + chunk + b"\r\n" if chunked else chunk
     stop = threading.Event()
 
     def send():
         try:
             while not stop.is_set():
-                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                sock.sendall(piece)
                 sender.sent += len(chunk)
                 if pause_after is not None and sender.sent > pause_after:
                     time.sleep(0.05)
@@ -582,35 +591,55 @@ def read_to_close(sock):
 
 def test_endless_body_gets_413_and_is_cut(server):
     # Past the 8 MiB limit the server drains at most another 8 MiB (fast sender) or 5 s (slow
-    # sender), then answers 413 and closes: an endless body holds no connection thread.
-    for pause_after, most_seconds in ((None, 30), (9 << 20, 12)):
-        start = time.time()
-        sock, stop, sender = endless_chunked_body(server.port, pause_after)
+    # sender), then answers 413 and ends the connection: an endless body holds no connection
+    # thread, and none of it is parsed as further requests. Chunked, and with a Content-Length.
+    for chunked in (True, False):
+        for pause_after, most_seconds in ((None, 30), (9 << 20, 15)):
+            start = time.time()
+            sock, stop, sender = endless_body(server.port, pause_after, chunked)
+            reply = read_to_close(sock)
+            stop.set()
+            sender.join(timeout=10)
+            sock.close()
+            assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+            assert b"request_too_large" in reply
+            assert reply.count(b"HTTP/1.1 ") == 1, reply[:2000]
+            assert time.time() - start < most_seconds
+            assert sender.sent < (26 << 20), sender.sent
+    assert server.request("GET", "/health")[0] == 200
+
+
+def test_body_on_a_method_without_one_is_refused(server):
+    # httplib would read a PRI body whole and leave a GET's in the stream: both get a 400 and the
+    # connection ends, with nothing after the reply.
+    for method in ("GET", "PRI"):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(f"{method} /health HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n".encode() +
+                     b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + b"x" * 4)
         reply = read_to_close(sock)
-        stop.set()
-        sender.join(timeout=10)
         sock.close()
-        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
-        assert b"request_too_large" in reply
-        assert time.time() - start < most_seconds
-        assert sender.sent < (24 << 20), sender.sent
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:300]
+        assert f"a {method} request takes no body".encode() in reply
+        assert reply.count(b"HTTP/1.1 ") == 1, reply[:2000]
     assert server.request("GET", "/health")[0] == 200
 
 
 def test_shutdown_does_not_wait_for_an_endless_body(spin_bin, test_model, test_tmp):
-    srv = Server(spin_bin, test_model, test_tmp / "serve_endless_body.log")
-    try:
-        sock, stop, sender = endless_chunked_body(srv.port, pause_after=9 << 20)
-        time.sleep(1.0)  # past the limit, draining slowly
-        start = time.time()
-        srv.proc.send_signal(signal.SIGINT)
-        srv.proc.wait(timeout=15)
-        assert time.time() - start < 4.0
-        assert srv.proc.returncode == 0
-        stop.set()
-        sock.close()
-    finally:
-        srv.stop()
+    for chunked in (True, False):
+        srv = Server(spin_bin, test_model, test_tmp / "serve_endless_body.log")
+        try:
+            sock, stop, sender = endless_body(srv.port, pause_after=9 << 20, chunked=chunked)
+            time.sleep(1.0)  # past the limit, draining slowly
+            start = time.time()
+            srv.proc.send_signal(signal.SIGINT)
+            srv.proc.wait(timeout=15)
+            # The drain stops at once; the lingering close after the 413 takes up to 2 s.
+            assert time.time() - start < 5.0
+            assert srv.proc.returncode == 0
+            stop.set()
+            sock.close()
+        finally:
+            srv.stop()
 
 
 @pytest.mark.skipif(os.environ.get("SPIN_SANITIZED") == "1",
