@@ -1,5 +1,5 @@
-"""`spin generate`'s flag errors: each mistake fails before the model loads, with a message naming
-the flag; a near-zero temperature draws the greedy tokens, not garbage; and a --max-tokens the context
+"""Flag errors of `spin generate` (and out-of-range flags of serve and eval): each mistake fails
+before the model loads, with a message naming the flag; a near-zero temperature draws the greedy tokens, not garbage; and a --max-tokens the context
 cannot hold is said up front."""
 import json
 
@@ -48,3 +48,13 @@ def test_max_tokens_past_the_context_is_announced(run_spin, test_tmp):
     quiet = run_spin("generate", *TINY, "--prompt-ids", "5,6,7", "-n", 13, "--max-context", 16, "--temperature", 0,
                      "--ignore-eos")
     assert "does not fit" not in quiet.stderr
+
+
+def test_out_of_range_flags_are_named(run_spin):
+    for command, flag, value in (("serve", "--threads", -1), ("serve", "--max-model-len", -5),
+                                 ("serve", "--kv-cache-tokens", "1x"), ("serve", "--kv-buffer-factor", 65),
+                                 ("serve", "--gpu-memory-utilization", 2), ("generate", "--threads", 100000),
+                                 ("eval", "--threads", -2)):
+        proc = run_spin(command, *TINY, flag, value, expect_ok=False)
+        assert proc.stderr.startswith(f"{flag}: "), proc.stderr
+        assert str(value) in proc.stderr
