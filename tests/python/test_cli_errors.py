@@ -1,6 +1,6 @@
 """Flag errors of `spin generate` (and out-of-range flags of serve and eval): each mistake fails
-before the model loads, with a message naming the flag; a near-zero temperature draws the greedy tokens, not garbage; and a --max-tokens the context
-cannot hold is said up front."""
+before the model loads, with a message naming the flag; a near-zero temperature draws the greedy
+tokens, not garbage; and a --max-tokens the context cannot hold is said up front."""
 import json
 
 TINY = ["--model", "tiny-llama", "--load-format", "dummy"]
