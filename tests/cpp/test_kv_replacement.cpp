@@ -1,4 +1,5 @@
-// Bucketed LRU against exact LRU, Belady against LRU and against brute force, trace file I/O.
+// Bucketed LRU against exact LRU, Belady against LRU and against brute force, the replay against a
+// plain one, trace file I/O.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,7 +8,9 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 #include "kv/bucketed_lru.h"
@@ -111,6 +114,95 @@ TEST(KvReplacementOracle, BucketedHitRateWithinOnePercentOfExactLru) {
     EXPECT_EQ(exact.hits + exact.misses, bucketed.hits + bucketed.misses);
     EXPECT_NEAR(bucketed.hit_rate(), exact.hit_rate(), 0.01);
     EXPECT_LE(belady.misses, exact.misses);
+  }
+}
+
+// The replay written plainly: each step rebuilds the candidate list from the whole cache and asks
+// the picker (or sorts by next use). replay_trace keeps its caches ordered instead; both must
+// count the same hits and misses.
+ReplayResult plain_replay(const SelectionTrace& trace, ReplacementPolicy policy, uint32_t buffer, uint32_t buckets,
+                          uint32_t warm_steps) {
+  struct Page {
+    uint32_t stamp;
+    uint64_t next_use;
+  };
+  std::map<std::tuple<uint32_t, uint32_t, uint32_t>, std::vector<size_t>> streams;
+  std::map<uint32_t, std::pair<uint64_t, uint32_t>> last_step;  // request -> (step, local step)
+  std::vector<uint32_t> local(trace.records.size());
+  for (size_t i = 0; i < trace.records.size(); ++i) {
+    const TraceRecord& r = trace.records[i];
+    auto [it, fresh] = last_step.try_emplace(r.request, r.step, 1);
+    if (!fresh && it->second.first != r.step) it->second = {r.step, it->second.second + 1};
+    local[i] = it->second.second;
+    streams[{r.request, r.layer, r.head}].push_back(i);
+  }
+  BucketedLruPicker picker(buckets);
+  ReplayResult out;
+  for (const auto& [key, records] : streams) {
+    std::map<uint32_t, Page> cache;
+    for (size_t k = 0; k < records.size(); ++k) {
+      const auto pages = trace.pages_of(trace.records[records[k]]);
+      const std::set<uint32_t> needed(pages.begin(), pages.end());
+      const uint32_t now = local[records[k]];
+      if (now > warm_steps)
+        for (uint32_t p : needed) (cache.count(p) ? out.hits : out.misses) += 1;
+      std::vector<LruCandidate> candidates;
+      std::vector<std::pair<uint64_t, uint32_t>> by_next_use;
+      for (const auto& [page, info] : cache) {
+        if (needed.count(page)) continue;
+        candidates.push_back({info.stamp, page, page});
+        by_next_use.push_back({info.next_use, page});
+      }
+      if (candidates.size() > buffer) {
+        const auto count = static_cast<uint32_t>(candidates.size() - buffer);
+        std::vector<uint32_t> victims;
+        if (policy == ReplacementPolicy::ExactLru) {
+          pick_exact_lru(candidates, count, victims);
+        } else if (policy == ReplacementPolicy::BucketedLru) {
+          picker.pick(candidates, now, count, victims);
+        } else {
+          std::sort(by_next_use.begin(), by_next_use.end(), [](const auto& a, const auto& b) {
+            return a.first != b.first ? a.first > b.first : a.second < b.second;
+          });
+          for (uint32_t i = 0; i < count; ++i) victims.push_back(by_next_use[i].second);
+        }
+        for (uint32_t v : victims) cache.erase(v);
+      }
+      for (uint32_t p : needed) {
+        uint64_t next = UINT64_MAX;  // the stream's next record that names p
+        for (size_t later = k + 1; later < records.size() && next == UINT64_MAX; ++later) {
+          const auto pl = trace.pages_of(trace.records[records[later]]);
+          if (std::find(pl.begin(), pl.end(), p) != pl.end()) next = later;
+        }
+        cache[p] = {now, next};
+      }
+    }
+  }
+  return out;
+}
+
+TEST(KvReplacementOracle, OrderedCachesCountAsThePlainReplay) {
+  std::mt19937 rng(21);
+  for (int trial = 0; trial < 40; ++trial) {
+    // Random traces: a few requests and heads, selections with locality and repeats in a record.
+    SelectionTrace t;
+    const uint32_t requests = 1 + rng() % 3, heads = 1 + rng() % 3, steps = 20 + rng() % 60;
+    const uint32_t universe = 20 + rng() % 200, select = 1 + rng() % 12;
+    for (uint32_t step = 0; step < steps; ++step)
+      for (uint32_t r = 0; r < requests; ++r)
+        for (uint32_t h = 0; h < heads; ++h) {
+          std::vector<uint32_t> pages(select);
+          const uint32_t centre = (step * 3 + h * 17) % universe;
+          for (auto& p : pages) p = rng() % 4 == 0 ? rng() % universe : (centre + rng() % 16) % universe;
+          t.add(step, r, rng() % 2, h, pages);
+        }
+    for (const auto policy : {ReplacementPolicy::ExactLru, ReplacementPolicy::BucketedLru, ReplacementPolicy::Belady}) {
+      const uint32_t buffer = rng() % 40, buckets = 1 + rng() % 64, warm = rng() % 10;
+      const ReplayResult fast = replay_trace(t, policy, buffer, buckets, warm);
+      const ReplayResult plain = plain_replay(t, policy, buffer, buckets, warm);
+      ASSERT_EQ(fast.hits, plain.hits) << "trial " << trial << " policy " << static_cast<int>(policy);
+      ASSERT_EQ(fast.misses, plain.misses) << "trial " << trial << " policy " << static_cast<int>(policy);
+    }
   }
 }
 
