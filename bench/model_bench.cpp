@@ -287,7 +287,7 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
   size_t most_selected = 0;
   const int64_t slots = factory.cache_slots(settings, capacity);
   std::unordered_set<uint64_t> distinct;  // (item, page) pairs the trace has selected
-  size_t items = 0;
+  size_t items = 0;  // (request, layer, KV head) items: the records of one step
   int warm_steps = kMaxWarmSteps;
   for (int s = 0; s < warm_steps + kProfileSteps; ++s) {
     if (s < warm_steps && s >= kMinWarmSteps && items > 0 &&
@@ -299,7 +299,6 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
     const double seconds = seconds_since(start);
     const spin::SparseStepProfile p = factory.last_step_profile();
     for (size_t l = 0; l < p.selected.size(); ++l) {
-      items = std::max(items, p.selected.size() * p.selected[l].size());
       for (size_t i = 0; i < p.selected[l].size(); ++i) {
         const std::vector<uint32_t> pages(p.selected[l][i].begin(), p.selected[l][i].end());
         trace.add(static_cast<uint64_t>(s), static_cast<uint32_t>(i / static_cast<size_t>(p.kv_heads)),
@@ -310,6 +309,7 @@ SparseProfile profile_sparse_steps(spin::CudaModel& model, spin::CudaPagedAttent
           for (const uint32_t page : pages) distinct.insert(item << 32 | page);
       }
     }
+    if (s == 0) items = trace.records.size();
     if (s < warm_steps) continue;
     eager_seconds.push_back(seconds);
     out.phases.score_ms += p.score_ms / kProfileSteps;

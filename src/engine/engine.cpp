@@ -38,10 +38,13 @@ struct Engine::Request {
   clock::time_point arrival;
   clock::time_point last_token;
 
-  Request(const RequestParams& p, OutputCallback cb)
-      : params(p),
+  Request(std::vector<int32_t> prompt, const RequestParams& p, OutputCallback cb)
+      : tokens(std::move(prompt)),
+        n_prompt(static_cast<int64_t>(tokens.size())),
+        max_len(n_prompt + p.max_tokens),
+        params(p),
         on_output(std::move(cb)),
-        sampler(p.sampling),
+        sampler(p.sampling, tokens),
         seed(p.sampling.seed ? *p.sampling.seed : std::random_device{}()),
         stops(p.stop) {}
 };
@@ -176,11 +179,7 @@ void Engine::check_request(std::span<const int32_t> prompt, const RequestParams&
 uint64_t Engine::add_request(std::vector<int32_t> prompt, const RequestParams& params,
                              OutputCallback on_output) {
   validate_request(prompt, params);
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  auto r = std::make_unique<Request>(params, std::move(on_output));
-  r->n_prompt = n_prompt;
-  r->max_len = n_prompt + params.max_tokens;
-  r->tokens = std::move(prompt);
+  auto r = std::make_unique<Request>(std::move(prompt), params, std::move(on_output));
   r->tokens.reserve(r->max_len);
   if (tokenizer_) r->decoder.emplace(*tokenizer_);
   r->arrival = clock::now();
@@ -470,9 +469,8 @@ void Engine::sample_next(Request& r, std::span<const float> all_logits, std::opt
                          RequestOutput& out) {
   const std::span<const float> logits =
       all_logits.empty() ? all_logits : all_logits.first(static_cast<size_t>(sampleable_vocab_));
-  const std::span<const int32_t> history(r.tokens);
-  const auto n_prompt = static_cast<size_t>(r.n_prompt);
-  const int32_t id = drawn ? *drawn : r.sampler.sample(logits, history.first(n_prompt), history.subspan(n_prompt));
+  const int32_t id =
+      drawn ? *drawn : r.sampler.sample(logits, std::span<const int32_t>(r.tokens).subspan(static_cast<size_t>(r.n_prompt)));
   ++r.n_sampled;
   const auto now = clock::now();
   {

@@ -24,8 +24,13 @@ void SamplingParams::validate() const {
                "logit_bias must map token ids >= 0 to values in [-100, 100], got {} for {}", bias, id);
 }
 
-Sampler::Sampler(const SamplingParams& params) : params_(params) {
+Sampler::Sampler(const SamplingParams& params, std::span<const int32_t> prompt) : params_(params) {
   params_.validate();
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_tokens_.assign(prompt.begin(), prompt.end());
+    std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
+    prompt_tokens_.erase(std::unique(prompt_tokens_.begin(), prompt_tokens_.end()), prompt_tokens_.end());
+  }
   rng_.seed(params.seed ? *params.seed : std::random_device{}());
 }
 
@@ -33,8 +38,7 @@ int32_t argmax(std::span<const float> values) {
   return static_cast<int32_t>(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
-std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<const int32_t> prompt,
-                                      std::span<const int32_t> output) {
+std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<const int32_t> output) {
   if (!params_.adjusts_logits()) return logits;
   const size_t vocab = logits.size();
   adjusted_.assign(logits.begin(), logits.end());
@@ -54,15 +58,8 @@ std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<
       touched_.push_back(id);
     }
   };
-  if (!prompt_known_ || prompt_size_ != prompt.size()) {
-    for (const int32_t id : prompt)
-      if (in_vocab(id)) touch(id);
-    prompt_tokens_ = touched_;
-    prompt_size_ = prompt.size();
-    prompt_known_ = true;
-  } else {
-    for (const int32_t id : prompt_tokens_) touch(id);
-  }
+  for (const int32_t id : prompt_tokens_)
+    if (in_vocab(id)) touch(id);
   for (const int32_t id : output) {
     if (!in_vocab(id)) continue;
     touch(id);
@@ -80,9 +77,8 @@ std::span<const float> Sampler::adjust(std::span<const float> logits, std::span<
   return adjusted_;
 }
 
-int32_t Sampler::sample(std::span<const float> raw_logits, std::span<const int32_t> prompt,
-                        std::span<const int32_t> output) {
-  const std::span<const float> logits = adjust(raw_logits, prompt, output);
+int32_t Sampler::sample(std::span<const float> raw_logits, std::span<const int32_t> output) {
+  const std::span<const float> logits = adjust(raw_logits, output);
   if (params_.greedy()) return argmax(logits);
   const int32_t vocab = static_cast<int32_t>(logits.size());
 

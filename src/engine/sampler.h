@@ -42,17 +42,15 @@ struct SamplingParams {
 
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params);
-  // The next token of a sequence whose prompt and output so far are the penalties' history (ids
-  // outside the logits are ignored). A Sampler draws for one sequence: it reads the prompt's
-  // tokens once.
-  int32_t sample(std::span<const float> logits, std::span<const int32_t> prompt = {},
-                 std::span<const int32_t> output = {});
+  // A Sampler draws for one sequence; `prompt` is its prompt, which the repetition penalty reads.
+  explicit Sampler(const SamplingParams& params, std::span<const int32_t> prompt = {});
+  // The next token of the sequence whose output so far is `output` (the penalties' history; ids
+  // outside the logits are ignored).
+  int32_t sample(std::span<const float> logits, std::span<const int32_t> output = {});
 
  private:
   // The logits with bias and penalties applied (in adjusted_), or `logits` itself without them.
-  std::span<const float> adjust(std::span<const float> logits, std::span<const int32_t> prompt,
-                                std::span<const int32_t> output);
+  std::span<const float> adjust(std::span<const float> logits, std::span<const int32_t> output);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
@@ -61,10 +59,7 @@ class Sampler {
   std::vector<uint32_t> counts_;   // per token: occurrences in the output (zero between draws)
   std::vector<uint8_t> seen_;      // per token: in the prompt or output (zero between draws)
   std::vector<int32_t> touched_;   // the tokens whose counts_ or seen_ are set
-  // The prompt's distinct in-vocabulary tokens, found once: a request's prompt does not change.
-  std::vector<int32_t> prompt_tokens_;
-  size_t prompt_size_ = 0;
-  bool prompt_known_ = false;
+  std::vector<int32_t> prompt_tokens_;  // the prompt's distinct tokens (with a repetition penalty)
 };
 
 // Index of the largest value (the lowest index among equals).

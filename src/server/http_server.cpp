@@ -239,15 +239,14 @@ struct StreamResponse {
   }
 };
 
-// Reads a request body of at most `limit` bytes into `body`. httplib 0.11 applies its payload
-// limit to a Content-Length body only: a chunked one, or one that runs to the end of the stream,
-// it would read whole. Past the limit the rest is read and dropped (as httplib skips an
-// oversized Content-Length body), so the connection stays in step for its next request and the
-// client, still sending, gets the 413 rather than a reset. That drain is bounded: another
-// `limit` bytes, kBodyDrainSeconds, or until the server stops, whichever comes first; then the
-// connection ends after the 413 (close_after_response), so an endless body holds no thread.
-// httplib's own payload limit is off: it would skip an oversized Content-Length body whole. Returns false with
-// res.status set (413 past the limit) when there is no body to handle.
+// Reads a request body of at most `limit` bytes into `body`. Every body goes through here:
+// httplib's own limit applies to Content-Length bodies only, and skips an oversized one by
+// reading it whole. Past the limit the rest is read and dropped, so that the client, still
+// sending, gets the 413 rather than a reset and the connection stays in step for its next
+// request; but for at most another `limit` bytes or kBodyDrainSeconds, and not while the server
+// stops. Cut short, the connection ends after the 413 (close_after_response), so an endless body
+// holds no thread. Returns false with res.status set (413 past the limit) when there is no body
+// to handle.
 constexpr double kBodyDrainSeconds = 5.0;
 bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
                size_t limit, const std::atomic<bool>& stopping, std::string& body) {

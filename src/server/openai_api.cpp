@@ -346,9 +346,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     if (!bias->is_object()) bad_request("logit_bias", fmt::format("'logit_bias' must be an object, got {}", type_name(*bias)));
     for (const auto& [key, value] : bias->items()) {
       int64_t id = -1;
-      const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
-      // Canonical ids only: "07" and "7" would bias token 7 twice.
-      if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab ||
+      // Canonical ids only ("07" and "7" would bias token 7 twice): the key must print back as itself.
+      if (std::from_chars(key.data(), key.data() + key.size(), id).ec != std::errc() || id < 0 || id >= vocab ||
           std::to_string(id) != key) {
         bad_request("logit_bias", fmt::format("'logit_bias' keys must be token ids in 0..{}, got '{}'", vocab - 1, key));
       }

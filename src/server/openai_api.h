@@ -55,7 +55,6 @@ constexpr int64_t kMaxChoices = 16;           // the most `n` one request may as
 constexpr int64_t kMaxRequestChoices = 1024;  // the most prompts x `n` in one request
 constexpr int64_t kMaxTopLogprobs = 20;  // the most alternatives per token
 
-// What a completions or chat request asks for, validated.
 // One prompt of a request: its tokens and the tokens to generate for it (the default depends on
 // its length).
 struct ParsedPrompt {
@@ -63,6 +62,7 @@ struct ParsedPrompt {
   int64_t max_tokens = 0;
 };
 
+// What a completions or chat request asks for, validated.
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::Completions;
   // One for chat; /v1/completions takes several. Choice k * n + j is prompt k's j-th.

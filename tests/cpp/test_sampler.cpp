@@ -124,11 +124,11 @@ TEST(Sampler, GreedyBiasAndPenaltiesMatchTheReference) {
       std::uniform_int_distribution<int32_t> id(0, 40);  // some past the vocabulary: ignored
       for (int k = 0; k < trial % 5; ++k) p.logit_bias.emplace_back(id(rng), 3.0f * penalty(rng));
     }
-    Sampler s(p);
+    Sampler s(p, prompt);
     const int32_t expected = argmax(penalized_reference(logits, p, prompt, output));
-    EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
+    EXPECT_EQ(s.sample(logits, output), expected) << trial;
     // Twice: the sampler's scratch is clean between draws.
-    EXPECT_EQ(s.sample(logits, prompt, output), expected) << trial;
+    EXPECT_EQ(s.sample(logits, output), expected) << trial;
     changed += expected != argmax(logits);
   }
   EXPECT_GT(changed, 30);  // bias and penalties moved the argmax often enough to be tested
@@ -146,10 +146,10 @@ TEST(Sampler, PenalizedDrawsFollowThePenalizedSoftmax) {
   const std::vector<float> ref = penalized_reference(logits, p, prompt, output);
   ASSERT_FLOAT_EQ(ref[0], 0.5f - 1.5f);
   ASSERT_FLOAT_EQ(ref[2], 0.3f);
-  Sampler s(p);
+  Sampler s(p, prompt);
   std::map<int32_t, int> h;
   const int draws = 20000;
-  for (int i = 0; i < draws; ++i) ++h[s.sample(logits, prompt, output)];
+  for (int i = 0; i < draws; ++i) ++h[s.sample(logits, output)];
   double total = 0.0;
   for (const float x : ref) total += std::exp(x);
   for (int32_t id = 0; id < 3; ++id) EXPECT_NEAR(h[id] / double(draws), std::exp(ref[id]) / total, 0.015) << id;
