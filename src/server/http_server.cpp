@@ -14,6 +14,8 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <memory>
 #include <optional>
 #include <random>
 #include <system_error>
@@ -439,19 +441,17 @@ namespace {
 
 Engine& live_engine(HttpServer::State& st);
 
-// The methods of each route install_routes adds (httplib answers HEAD where GET has a route), or
-// "" for no such path.
-std::string_view route_method(const std::string& path) {
-  if (path == "/health" || path == "/metrics" || path == "/v1/models") return "GET, HEAD";
-  if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
-  return "";
-}
+// The methods of each path install_routes adds a route for, as an Allow header (httplib answers
+// HEAD where GET has a route).
+using RouteMethods = std::map<std::string, std::string, std::less<>>;
 
 }  // namespace
 
 void HttpServer::install_routes() {
   httplib::Server& http = *http_;
   std::shared_ptr<State> st = state_;
+  // Filled by get / post below, before the server listens; read by the error handler.
+  auto routes = std::make_shared<RouteMethods>();
   http.new_task_queue = [this] { return pool_.release(); };
   // Bodies are limited by read_body, which stops reading an endless one; httplib's limit would read
   // an oversized Content-Length body whole to skip it.
@@ -484,13 +484,14 @@ void HttpServer::install_routes() {
     return httplib::Server::HandlerResponse::Handled;
   });
 
-  http.set_error_handler(httplib::Server::HandlerWithResponse([st](const httplib::Request& req,
-                                                                      httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([st, routes](const httplib::Request& req,
+                                                                              httplib::Response& res) {
     if (!res.body.empty() || res.content_length_ > 0) return httplib::Server::HandlerResponse::Unhandled;
     if (res.status == 404) {
       // A route that exists under another method is 405 with Allow, as HTTP (and vLLM's server) has it.
-      if (const std::string_view allowed = route_method(req.path); !allowed.empty()) {
-        res.set_header("Allow", std::string(allowed));
+      if (const auto route = routes->find(req.path); route != routes->end()) {
+        const std::string& allowed = route->second;
+        res.set_header("Allow", allowed);
         send_error(res, 405, "invalid_request_error",
                    fmt::format("{} is not allowed on {}: use {}", req.method, req.path, allowed), "", "method_not_allowed");
       } else {
@@ -529,20 +530,24 @@ void HttpServer::install_routes() {
     };
   };
 
-  http.Get("/health", [st](const httplib::Request&, httplib::Response& res) {
+  const auto get = [&](const char* path, httplib::Server::Handler handler) {
+    http.Get(path, std::move(handler));
+    (*routes)[path] = "GET, HEAD";
+  };
+  get("/health", [st](const httplib::Request&, httplib::Response& res) {
     Engine* engine = st->engine.load(std::memory_order_acquire);
     if (!engine) return send_error(res, 503, "service_unavailable", "the model is loading");
     if (!engine->alive()) return send_error(res, 503, "service_unavailable", "the engine stopped after an internal error");
     res.set_content("", "text/plain");
   });
 
-  http.Get("/metrics", [st](const httplib::Request&, httplib::Response& res) {
+  get("/metrics", [st](const httplib::Request&, httplib::Response& res) {
     Engine* engine = st->engine.load(std::memory_order_acquire);
     EngineMetrics m = engine ? engine->metrics() : EngineMetrics{};
     res.set_content(render_metrics(m, engine && engine->alive()), "text/plain; version=0.0.4");
   });
 
-  http.Get("/v1/models", guarded([st](const httplib::Request&, httplib::Response& res) {
+  get("/v1/models", guarded([st](const httplib::Request&, httplib::Response& res) {
     live_engine(*st);
     json model{{"id", st->ctx.model_name},
                {"object", "model"},
@@ -672,8 +677,12 @@ void HttpServer::install_routes() {
       if (read_body(req, res, reader, st->config.max_body_bytes, st->stopping, body)) handler(req, res, body);
     };
   };
-  http.Post("/v1/completions", with_body(guarded(generate(Endpoint::Completions))));
-  http.Post("/v1/chat/completions", with_body(guarded(generate(Endpoint::ChatCompletions))));
+  const auto post = [&](const char* path, httplib::Server::HandlerWithContentReader handler) {
+    http.Post(path, std::move(handler));
+    (*routes)[path] = "POST";
+  };
+  post("/v1/completions", with_body(guarded(generate(Endpoint::Completions))));
+  post("/v1/chat/completions", with_body(guarded(generate(Endpoint::ChatCompletions))));
   const auto no_route =
       with_body([](const httplib::Request&, httplib::Response& res, const std::string&) { res.status = 404; });
   http.Post(".*", no_route);
