@@ -35,6 +35,10 @@ struct Engine::Request {
   int64_t max_buffer_pages = 0;  // the factory's largest useful buffer for this request
   int64_t buffer_streams = 0;
   int64_t n_sampled = 0;
+  // With prompt_logprobs: those of prompt positions [0, prompt_logprobs_done) (each the next
+  // token's), kept until the prefill ends; a recomputed prefill does not record them again.
+  std::vector<TokenLogprob> prompt_logprobs;
+  int64_t prompt_logprobs_done = 0;
   clock::time_point arrival;
   clock::time_point last_token;
 
@@ -144,7 +148,9 @@ void Engine::check_request(std::span<const int32_t> prompt, const RequestParams&
     SPIN_CHECK(id >= 0 && id < vocab, "prompt token id {} is outside the vocabulary (0..{})", id,
                vocab - 1);
   }
-  SPIN_CHECK(params.max_tokens >= 1, "max_tokens must be at least 1, got {}", params.max_tokens);
+  SPIN_CHECK(params.prompt_logprobs >= -1 && params.top_logprobs >= -1, "logprobs counts must be -1 (off) or more");
+  SPIN_CHECK(params.max_tokens >= 1 || (params.max_tokens == 0 && params.prompt_logprobs >= 0),
+             "max_tokens must be at least 1 (0 only with prompt logprobs), got {}", params.max_tokens);
   SPIN_CHECK(n_prompt < context,
              "the prompt has {} tokens but the context length is {} (the prompt must leave room "
              "for at least one generated token)",
@@ -465,6 +471,21 @@ void Engine::finish(Request& r, const std::string& reason, RequestOutput& out) {
   }
 }
 
+void Engine::record_prompt_logprobs(Request& r, const float* logits, int64_t n) {
+  const int64_t vocab = model_.config().vocab_size;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t pos = r.computed + j;  // its logits predict token pos + 1
+    if (pos != r.prompt_logprobs_done || pos + 1 >= r.n_prompt) continue;
+    const int32_t next = r.tokens[static_cast<size_t>(pos + 1)];
+    // Over the tokens the sampler draws from, as the sampled tokens' logprobs are (a prompt id past
+    // them, which no tokenizer makes, over every logit).
+    const std::span<const float> all(logits + j * vocab, static_cast<size_t>(vocab));
+    r.prompt_logprobs.push_back(token_logprob(next < sampleable_vocab_ ? all.first(static_cast<size_t>(sampleable_vocab_)) : all,
+                                              next, r.params.prompt_logprobs));
+    ++r.prompt_logprobs_done;
+  }
+}
+
 void Engine::sample_next(Request& r, std::span<const float> all_logits, std::optional<int32_t> drawn,
                          RequestOutput& out) {
   const std::span<const float> logits =
@@ -616,10 +637,16 @@ StepReport Engine::step() {
       report.chunks.push_back(ScheduledChunk{r->id, r->computed, n, samples});
       report.n_tokens += n;
     }
+    // Prompt logprobs need every position's logits: a step with such a prefill chunk returns a row
+    // per token (the chunk's last is the one it samples from) and draws on the host.
+    bool all_logits = false;
+    for (const auto& [r, n] : scheduled) {
+      all_logits |= r->params.prompt_logprobs >= 0 && r->prompt_logprobs_done < r->n_prompt - 1;
+    }
     // A model that draws on its device gets each request's sampling rule; it downloads the logits
     // only when a request wants logprobs, or a logit bias or penalties, which the host's Sampler
     // applies before it draws.
-    const bool draws_on_device = model_.samples_on_device();
+    const bool draws_on_device = model_.samples_on_device() && !all_logits;
     bool want_logits = false;
     std::vector<DeviceSampling> sampling;
     if (draws_on_device) {
@@ -640,7 +667,7 @@ StepReport Engine::step() {
       if (draws_on_device) {
         model_.forward_sampled(chunks, sampling, sampleable_vocab_, want_logits, logits_, drawn_);
       } else {
-        model_.forward(chunks, false, logits_);
+        model_.forward(chunks, all_logits, logits_);
       }
     } catch (const kv::PoolExhausted& e) {
       // The paged store ran out inside the forward: an algorithm kept more pages than the
@@ -671,15 +698,28 @@ StepReport Engine::step() {
     }
     forward_end = clock::now();
     const int64_t vocab = model_.config().vocab_size;
+    const auto row = [&](int64_t at) { return std::span<const float>(logits_.data() + at * vocab, vocab); };
+    int64_t first_row = 0;  // with all_logits: chunk i's first row
     for (size_t i = 0; i < scheduled.size(); ++i) {
       Request& r = *scheduled[i].first;
+      const int64_t n = scheduled[i].second;
       settle_kv(r);
-      r.computed += scheduled[i].second;
+      if (all_logits && r.params.prompt_logprobs >= 0) record_prompt_logprobs(r, logits_.data() + first_row * vocab, n);
+      r.computed += n;
+      const int64_t last_row = all_logits ? first_row + n - 1 : static_cast<int64_t>(i);
+      if (all_logits) first_row += n;
       if (!report.chunks[i].samples) continue;
       RequestOutput out;
-      const std::span<const float> logits = !draws_on_device || want_logits
-                                                ? std::span<const float>(logits_.data() + i * vocab, vocab)
-                                                : std::span<const float>();
+      out.prompt_logprobs = std::move(r.prompt_logprobs);
+      r.prompt_logprobs.clear();
+      if (r.params.max_tokens == 0) {  // scoring the prompt alone: nothing to sample
+        finish(r, "length", out);
+        outputs.emplace_back(std::move(r.on_output), std::move(out));
+        requests_.erase(r.id);
+        continue;
+      }
+      const std::span<const float> logits =
+          !draws_on_device || want_logits ? row(last_row) : std::span<const float>();
       const bool drawn_on_device = draws_on_device && !r.params.sampling.adjusts_logits();
       sample_next(r, logits, drawn_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {

@@ -50,7 +50,9 @@ struct EngineConfig {
 };
 
 struct RequestParams {
-  int64_t max_tokens = 16;  // tokens to sample, counting a final stop token
+  // Tokens to sample, counting a final stop token; 0 (only with prompt_logprobs): none, the
+  // request ends after its prefill.
+  int64_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings (removed from the text)
   bool ignore_eos = false;
@@ -58,6 +60,9 @@ struct RequestParams {
   // >= 0: report each sampled token's log-probability (of the model's distribution, before
   // temperature and filters) and this many most likely alternatives. -1: off.
   int top_logprobs = -1;
+  // >= 0: also each prompt token's log-probability given the tokens before it (from the second
+  // token on) and this many alternatives; the prefill then computes every position's logits.
+  int prompt_logprobs = -1;
 };
 
 struct TokenLogprob {
@@ -72,6 +77,9 @@ struct RequestOutput {
   std::vector<int32_t> token_ids;  // tokens sampled in this step
   // With top_logprobs >= 0: one entry per sampled token except a final stop token.
   std::vector<TokenLogprob> logprobs;
+  // With prompt_logprobs >= 0, in the request's first output that has any: prompt tokens 1.. in
+  // order (token 0 has none).
+  std::vector<TokenLogprob> prompt_logprobs;
   std::string text;                // new text (whole UTF-8 characters, stop strings removed)
   bool finished = false;
   std::string finish_reason;       // when finished: "stop", "length", "abort" or "error"
@@ -213,6 +221,9 @@ class Engine {
   void finish(Request& r, const std::string& reason, RequestOutput& out);
   // Appends r's next token: `drawn` where the model drew it on its device, else sampled here from
   // the logits (which also give its logprobs when asked for).
+  // Records r's prompt logprobs from the logits of its chunk of n tokens at r.computed (one row
+  // each).
+  void record_prompt_logprobs(Request& r, const float* logits, int64_t n);
   void sample_next(Request& r, std::span<const float> logits, std::optional<int32_t> drawn, RequestOutput& out);
   void end_all(const std::string& reason, const std::string& error);
   void update_gauges();

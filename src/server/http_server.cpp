@@ -54,6 +54,11 @@ struct ChoiceSet {
   std::vector<bool> finished;
   std::vector<int64_t> completion_tokens;
   std::vector<int64_t> text_bytes;  // text sent so far per choice (logprobs text_offset)
+  // With 'echo': the prompts (ids, text) sent before each choice's first output; choice i is
+  // prompt i / per_prompt's.
+  std::vector<ParsedPrompt> echo;
+  size_t per_prompt = 1;
+  std::vector<bool> echoed;
   bool sent_role = false;
   bool done = false;
 
@@ -204,6 +209,13 @@ struct StreamResponse {
       }
       auto& [i, out] = *item;
       choices->completion_tokens[i] = out.completion_tokens;
+      if (!choices->echo.empty() && !choices->echoed[i]) {  // the prompt first, with its logprobs
+        choices->echoed[i] = true;
+        const ParsedPrompt& prompt = choices->echo[i / choices->per_prompt];
+        const json logprobs = with_logprobs ? echo_logprobs_json(tokenizer, prompt.ids, out.prompt_logprobs) : json();
+        choices->text_bytes[i] += static_cast<int64_t>(prompt.echo.size());
+        if (!send(dump(chunk_body(ep, id, created, model, i, prompt.echo, "", false, logprobs)))) return gone();
+      }
       // A model without a tokenizer has no text: each step's tokens still get a chunk (empty text),
       // so a client sees them arrive.
       if (!out.text.empty() || (with_logprobs && !out.logprobs.empty()) ||
@@ -577,6 +589,11 @@ void HttpServer::install_routes() {
       choices->finished.assign(n, false);
       choices->completion_tokens.assign(n, 0);
       choices->text_bytes.assign(n, 0);
+      if (pr.echo) {
+        choices->echo = pr.prompts;
+        choices->per_prompt = static_cast<size_t>(pr.n);
+        choices->echoed.assign(n, false);
+      }
       const bool with_logprobs = pr.params.top_logprobs >= 0;
       const Tokenizer* tokenizer = st->ctx.tokenizer;
       try {
@@ -597,7 +614,7 @@ void HttpServer::install_routes() {
 
       if (!pr.stream) {
         std::vector<Choice> results(n);
-        std::vector<std::vector<TokenLogprob>> logprobs(n);
+        std::vector<std::vector<TokenLogprob>> logprobs(n), prompt_logprobs(n);
         std::string failure;
         size_t n_finished = 0;
         // Nothing is written until the end, so the socket itself is watched for the client leaving.
@@ -623,6 +640,7 @@ void HttpServer::install_routes() {
           auto& [i, out] = *item;
           results[i].text += out.text;
           logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(), out.logprobs.end());
+          prompt_logprobs[i].insert(prompt_logprobs[i].end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
           choices->completion_tokens[i] = out.completion_tokens;
           if (!out.finished) continue;
           ++n_finished;
@@ -637,8 +655,15 @@ void HttpServer::install_routes() {
           return send_error(res, 503, "service_unavailable", "the request was aborted (server shutting down)");
         }
         if (!failure.empty()) return send_error(res, 500, "server_error", failure);
-        if (with_logprobs) {
-          for (size_t i = 0; i < n; ++i) results[i].logprobs = logprobs_json(ep, tokenizer, logprobs[i], 0);
+        for (size_t i = 0; i < n; ++i) {
+          const ParsedPrompt* echo = pr.echo ? &pr.prompts[i / static_cast<size_t>(pr.n)] : nullptr;
+          const int64_t offset = echo ? static_cast<int64_t>(echo->echo.size()) : 0;
+          if (with_logprobs) results[i].logprobs = logprobs_json(ep, tokenizer, logprobs[i], offset);
+          if (with_logprobs && echo) {
+            results[i].logprobs =
+                join_logprobs(echo_logprobs_json(tokenizer, echo->ids, prompt_logprobs[i]), results[i].logprobs);
+          }
+          if (echo) results[i].text.insert(0, echo->echo);
         }
         res.set_content(dump(completion_body(ep, id, created, model, results, n_prompt,
                                              choices->total_completion_tokens())),

@@ -140,22 +140,29 @@ std::vector<int32_t> token_id_array(const json& array, const char* param) {
   return ids;
 }
 
-// "prompt": a string, an array of token ids, or an array of either (one prompt each).
-std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ApiContext& ctx) {
+// "prompt": a string, an array of token ids, or an array of either (one prompt each). A string
+// prompt keeps its text in `echo`.
+std::vector<ParsedPrompt> completion_prompts(const json& body, const ApiContext& ctx) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required");
-  if (p->is_string()) return {encode_text(ctx, p->get<std::string>(), "prompt")};
+  const auto text = [&](const json& prompt, const std::string& param) {
+    return ParsedPrompt{encode_text(ctx, prompt.get<std::string>(), param), 0, prompt.get<std::string>()};
+  };
+  const auto ids = [&](const json& prompt, const std::string& param) {
+    return ParsedPrompt{token_id_array(prompt, param.c_str()), 0, ""};
+  };
+  if (p->is_string()) return {text(*p, "prompt")};
   if (!p->is_array()) bad_request("prompt", fmt::format("'prompt' must be a string or an array, got {}", type_name(*p)));
   if (p->empty()) bad_request("prompt", "'prompt' is empty");
-  if ((*p)[0].is_number_integer()) return {token_id_array(*p, "prompt")};
-  std::vector<std::vector<int32_t>> prompts;
+  if ((*p)[0].is_number_integer()) return {ids(*p, "prompt")};
+  std::vector<ParsedPrompt> prompts;
   for (size_t k = 0; k < p->size(); ++k) {
     const json& one = (*p)[k];
     const std::string param = fmt::format("prompt[{}]", k);
     if (one.is_string()) {
-      prompts.push_back(encode_text(ctx, one.get<std::string>(), param));
+      prompts.push_back(text(one, param));
     } else if (one.is_array()) {
-      prompts.push_back(token_id_array(one, param.c_str()));
+      prompts.push_back(ids(one, param));
     } else {
       bad_request("prompt", fmt::format("'prompt' elements must be strings or token-id arrays, got {}", type_name(one)));
     }
@@ -228,7 +235,9 @@ void refuse_unsupported(const json& body, Endpoint endpoint) {
   if (auto b = get_int(body, "best_of"); b && *b != 1) {
     bad_request("best_of", "best_of is not supported");
   }
-  if (auto echo = get_bool(body, "echo"); echo && *echo) bad_request("echo", "'echo' is not supported");
+  if (auto echo = get_bool(body, "echo"); echo && *echo && endpoint == Endpoint::ChatCompletions) {
+    bad_request("echo", "'echo' is for /v1/completions");
+  }
   if (field(body, "suffix")) bad_request("suffix", "'suffix' is not supported");
   if (endpoint == Endpoint::ChatCompletions) {
     if (field(body, "tools") && !body["tools"].empty()) bad_request("tools", "tools are not supported");
@@ -376,8 +385,12 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
       max_param = "max_completion_tokens";
     }
   }
-  if (max_tokens && *max_tokens < 1) {
-    bad_request(max_param, fmt::format("'{}' must be at least 1, got {}", max_param, *max_tokens));
+  // 'echo' with max_tokens 0 scores the prompt alone (its logprobs), as OpenAI's legacy API did.
+  r.echo = endpoint == Endpoint::Completions && get_bool(body, "echo").value_or(false);
+  if (max_tokens && *max_tokens < (r.echo ? 0 : 1)) {
+    bad_request(max_param, r.echo ? fmt::format("'{}' must be at least 0, got {}", max_param, *max_tokens)
+                                  : fmt::format("'{}' must be at least 1 (0 only with 'echo'), got {}", max_param,
+                                                *max_tokens));
   }
 
   // Completions: "logprobs": N alternatives. Chat: "logprobs": true and "top_logprobs": N.
@@ -415,9 +428,9 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   if (const json* ext = field(body, "spin")) parse_extension(*ext, ctx, p);
 
   const bool chat = endpoint == Endpoint::ChatCompletions;
-  std::vector<std::vector<int32_t>> prompts;
+  std::vector<ParsedPrompt> prompts;
   if (chat) {
-    prompts.push_back(chat_prompt(body, ctx));
+    prompts.push_back(ParsedPrompt{chat_prompt(body, ctx), 0, ""});
   } else {
     prompts = completion_prompts(body, ctx);
   }
@@ -435,7 +448,8 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   const int64_t vocab = sampleable_vocab(ctx);
   for (size_t k = 0; k < prompts.size(); ++k) {
     const std::string prompt_param = chat ? "messages" : prompts.size() > 1 ? fmt::format("prompt[{}]", k) : "prompt";
-    const int64_t n_prompt = static_cast<int64_t>(prompts[k].size());
+    ParsedPrompt& prompt = prompts[k];
+    const int64_t n_prompt = static_cast<int64_t>(prompt.ids.size());
     if (n_prompt == 0) bad_request(prompt_param, "the prompt is empty");
     if (n_prompt >= ctx.max_model_len) {
       throw ApiError(400, "invalid_request_error",
@@ -452,15 +466,23 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
                                  n_prompt, max_param, *max_tokens, n_prompt + *max_tokens, ctx.max_model_len),
                      max_param, "context_length_exceeded");
     }
-    for (int32_t id : prompts[k]) {
+    for (int32_t id : prompt.ids) {
       if (id >= vocab) {
         bad_request(prompt_param, fmt::format("token id {} is outside the vocabulary (0..{})", id, vocab - 1));
       }
     }
     // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
-    const int64_t tokens = max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room));
-    r.prompts.push_back(ParsedPrompt{std::move(prompts[k]), tokens});
+    prompt.max_tokens = max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room));
+    if (!r.echo) {
+      prompt.echo.clear();
+    } else if (prompt.echo.empty() && ctx.tokenizer) {
+      prompt.echo = ctx.tokenizer->decode(prompt.ids);
+    }
+    r.prompts.push_back(std::move(prompt));
   }
+  // Echo with logprobs scores the prompt's tokens too; with max_tokens 0 the engine runs the
+  // prefill for them alone.
+  if (r.echo && (p.top_logprobs >= 0 || (max_tokens && *max_tokens == 0))) p.prompt_logprobs = std::max(p.top_logprobs, 0);
   return r;
 }
 
@@ -547,6 +569,25 @@ ojson logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer, const std::ve
   }
   return ojson{{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top},
               {"text_offset", offsets}};
+}
+
+ojson echo_logprobs_json(const Tokenizer* tokenizer, std::span<const int32_t> prompt_ids,
+                         const std::vector<TokenLogprob>& entries) {
+  if (prompt_ids.empty()) return logprobs_json(Endpoint::Completions, tokenizer, entries, 0);
+  const std::string first = tokenizer ? tokenizer->token_bytes(prompt_ids[0]) : fmt::format("<{}>", prompt_ids[0]);
+  const ojson head{{"tokens", ojson::array({first})},
+                   {"token_logprobs", ojson::array({nullptr})},
+                   {"top_logprobs", ojson::array({nullptr})},
+                   {"text_offset", ojson::array({0})}};
+  return join_logprobs(head, logprobs_json(Endpoint::Completions, tokenizer, entries,
+                                           static_cast<int64_t>(first.size())));
+}
+
+ojson join_logprobs(ojson a, const ojson& b) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const ojson& x : b[key]) a[key].push_back(x);
+  }
+  return a;
 }
 
 ojson usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created, const std::string& model,

@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ constexpr int64_t kMaxTopLogprobs = 20;  // the most alternatives per token
 struct ParsedPrompt {
   std::vector<int32_t> ids;
   int64_t max_tokens = 0;
+  std::string echo;  // with 'echo': the prompt's text, as sent (token ids: decoded), before each completion
 };
 
 // What a completions or chat request asks for, validated.
@@ -72,6 +74,7 @@ struct ParsedRequest {
   int64_t n = 1;  // choices per prompt: n engine requests on it
   bool stream = false;
   bool include_usage = false;
+  bool echo = false;  // completions: each choice's text starts with its prompt (logprobs too)
 };
 
 struct ApiContext {
@@ -114,6 +117,12 @@ nlohmann::ordered_json chunk_body(Endpoint endpoint, const std::string& id, int6
 // token_logprobs, top_logprobs, text_offset starting at text_offset).
 nlohmann::ordered_json logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer,
                              const std::vector<TokenLogprob>& entries, int64_t text_offset);
+// With 'echo': the logprobs of a prompt of ids `prompt_ids` (its first token has none: null, as
+// OpenAI's), entries for the rest, and offsets from 0 into the echoed text.
+nlohmann::ordered_json echo_logprobs_json(const Tokenizer* tokenizer, std::span<const int32_t> prompt_ids,
+                                          const std::vector<TokenLogprob>& entries);
+// Completions' logprobs objects a and b as one (b's tokens after a's).
+nlohmann::ordered_json join_logprobs(nlohmann::ordered_json a, const nlohmann::ordered_json& b);
 // The final usage-only chunk of stream_options.include_usage.
 nlohmann::ordered_json usage_chunk_body(Endpoint endpoint, const std::string& id, int64_t created,
                                 const std::string& model, int64_t prompt_tokens,

@@ -78,9 +78,16 @@ struct Collector {
   std::map<uint64_t, std::string> finish;
   std::map<uint64_t, RequestOutput> last;  // the final output of each request
   std::map<uint64_t, int64_t> first_token_step;
+  std::map<uint64_t, std::vector<TokenLogprob>> prompt_logprobs;
+  std::map<uint64_t, int64_t> prompt_logprob_outputs;  // outputs that carried any
   int64_t step = 0;  // advanced by the test before each Engine::step
   OutputCallback callback() {
     return [this](const RequestOutput& out) {
+      if (!out.prompt_logprobs.empty()) {
+        auto& p = prompt_logprobs[out.request_id];
+        p.insert(p.end(), out.prompt_logprobs.begin(), out.prompt_logprobs.end());
+        ++prompt_logprob_outputs[out.request_id];
+      }
       auto& v = ids[out.request_id];
       if (v.empty() && !out.token_ids.empty()) first_token_step[out.request_id] = step;
       v.insert(v.end(), out.token_ids.begin(), out.token_ids.end());

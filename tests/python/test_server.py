@@ -376,6 +376,59 @@ def test_logprobs_match_numpy(server, client, run_spin, test_model, test_tmp, hf
     assert [(e.token, e.logprob) for e in entries] == [(c.token, c.logprob) for c in content]
 
 
+def test_echo_scores_the_prompt(server, client, run_spin, test_model, test_tmp, hf_tokenizer):
+    """'echo' with logprobs, as lm-eval's loglikelihood asks: the prompt's text and its tokens'
+    logprobs (the first has none), then the completion's. Reference: spin generate's logits of every
+    prompt position, log-softmaxed in numpy."""
+    hf, _ = hf_tokenizer
+    prompt = PROMPTS[1]
+    plain = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=2)
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True)
+    choice = r.choices[0]
+    assert choice.text == prompt + plain.choices[0].text
+    logits_path = test_tmp / "echo_logits.npy"
+    _, ids = spin_generate(run_spin, test_model, test_tmp, prompt, 1)
+    prompt_ids = list(ids["prompt_ids"])
+    run_spin("generate", "--model", test_model, "--prompt-ids", ",".join(map(str, prompt_ids)), "-n", 1,
+             "--temperature", 0, "--logits-out", logits_path)
+    ref = np.array([log_softmax(row) for row in np.load(logits_path)])
+    n = len(prompt_ids)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n + 3
+    assert lp.tokens[:n] == [hf.decode([t]) for t in prompt_ids]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for k in range(1, n):
+        assert abs(lp.token_logprobs[k] - ref[k - 1][prompt_ids[k]]) < 2e-3, k
+        best = np.argsort(-ref[k - 1], kind="stable")[:2]
+        assert list(lp.top_logprobs[k]) == [hf.decode([int(t)]) for t in best], k
+    assert lp.tokens[n:] == plain.choices[0].logprobs.tokens
+    assert max(abs(a - b) for a, b in zip(lp.token_logprobs[n:], plain.choices[0].logprobs.token_logprobs)) < 2e-3
+    # Offsets run through the echoed text into the completion's.
+    assert lp.text_offset[0] == 0 and lp.text_offset[n] == len(prompt.encode())
+    assert [b - a for a, b in zip(lp.text_offset, lp.text_offset[1:])] == [len(t.encode()) for t in lp.tokens[:-1]]
+
+    # max_tokens 0: the prompt scored alone.
+    scored = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0, logprobs=0, echo=True)
+    assert scored.choices[0].text == prompt and scored.choices[0].finish_reason == "length"
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == n
+    assert scored.choices[0].logprobs.tokens == lp.tokens[:n]
+    assert max(abs(a - b) for a, b in zip(scored.choices[0].logprobs.token_logprobs[1:], lp.token_logprobs[1:n])) < 2e-3
+
+    # Streamed: the prompt comes first, then the same text and tokens.
+    chunks = [c for c in client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0,
+                                                   logprobs=2, echo=True, stream=True) if c.choices]
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens] == lp.tokens
+
+    # Token ids echo as their text; chat has no echo; max_tokens 0 needs it.
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=prompt_ids, max_tokens=1, temperature=0, echo=True)
+    assert by_ids.choices[0].text.startswith(hf.decode(prompt_ids))
+    assert_error(server.api("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "echo": True}),
+                 400, "echo")
+    assert_error(server.api("/v1/completions", {"prompt": "hi", "max_tokens": 0}), 400, "max_tokens", ["echo"])
+
+
 def assert_error(result, status, param=None, contains=()):
     got_status, _, body = result
     assert got_status == status, body
