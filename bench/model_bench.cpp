@@ -83,6 +83,7 @@ struct BenchArgs {
   std::vector<int64_t> batches{1, 8, 32};
   int64_t prefill_chunk = 2048;
   int prefill_variant = -1;  // cuda: the prefill attention kernel (-1: the default)
+  bool fetch_in_attention = true;  // cuda: misses read by the decode attention, not fetched first
   int repeats = 3;
   int threads = 0;
   bool cuda_graphs = true;
@@ -455,6 +456,7 @@ void run_cuda(const BenchArgs& a) {
   kv_config.buffer_factor = a.buffer_factor;
   kv_config.seer_gate = seer_gate(a, c);
   kv_config.prefill_variant = a.prefill_variant;
+  kv_config.fetch_in_attention = a.fetch_in_attention;
   if (sparse) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
@@ -503,6 +505,9 @@ void run_cuda(const BenchArgs& a) {
     std::printf("| attention | %s%s, budget %lld tokens per KV head (0: its default), buffers up to %gx it |\n",
                 a.sparse_algorithm.c_str(), a.seer_gate.empty() ? "" : (" (trained gate: " + a.seer_gate + ")").c_str(),
                 static_cast<long long>(a.sparse_budget), a.buffer_factor);
+    std::printf("| cache misses read | %s |\n", a.fetch_in_attention && a.sparse_algorithm != "shadowkv"
+                                                     ? "by the decode attention, which fills their slots"
+                                                     : "by Retrieve, into their slots, before the attention");
     std::printf("| host to device bandwidth (256 MiB pinned cudaMemcpy, median of 5) | %.1f GB/s |\n",
                 link_bandwidth / 1e9);
     std::printf("| KV host tier (per GPU, pinned) | %.2f GB (pools made in %.1f s) |\n",
@@ -710,8 +715,11 @@ void run_cuda(const BenchArgs& a) {
                 "bulk host-to-device rate; with LRU: the same with the LRU replay's fetches, the step this store's "
                 "policy allows at the physical limits. The replays start from empty caches: where the LRU replay's "
                 "hit rate is below the store's, the replays are short of the store's history and Belady's is low "
-                "too.\n\n",
-                kProfileSteps, kMinWarmSteps, kMaxWarmSteps, kMaxWarmPages >> 20);
+                "too.%s\n\n",
+                kProfileSteps, kMinWarmSteps, kMaxWarmSteps, kMaxWarmPages >> 20,
+                a.fetch_in_attention && a.sparse_algorithm != "shadowkv"
+                    ? " The misses are fetched inside the attention: retrieve is the plan alone."
+                    : "");
     std::printf("| batch | context | warm-up steps | eager ms/step | index+score ms | select ms | retrieve ms | "
                 "key rebuild ms | attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | "
                 "ideal ms/step | ideal with LRU ms/step | measured (graphs) / ideal |\n");
@@ -767,6 +775,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kv-buffer-factor", a.buffer_factor,
                  "cuda: the cached pages a sparse request keeps beside its selection, as a multiple of it (as spin serve)")
+      ->capture_default_str();
+  app.add_flag("--fetch-in-attention,!--no-fetch-in-attention", a.fetch_in_attention,
+               "cuda: Quest, Seer and RetroInfer read their cache misses from the host tier in the decode attention "
+               "(else Retrieve fetches them first)")
       ->capture_default_str();
   app.add_option("--seer-gate", a.seer_gate,
                  "cuda, seer: trained gate weights (safetensors), or `random` for the model's shape (default: the "

@@ -247,11 +247,13 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       centres[size_t(l) * items + i] = uniform(0, s.logical_pages[i / heads] - 1);
 
   // The model of one item: hits, free slots (empties, then pick's victims), misses in order.
-  // Its values-only misses go, in needed order, to rebuild (device page, logical page).
-  auto reference_item = [&](int seq, int head, int layer, const std::vector<int32_t>& list,
-                            int32_t* out, int& error, std::vector<std::pair<int32_t, int32_t>>& rebuild) {
+  // Its values-only misses go, in needed order, to rebuild (device page, logical page). With
+  // `fill` (the attention fetches): a miss's out is ~(host page) and its fill the device page.
+  auto reference_item = [&](int seq, int head, int layer, const std::vector<int32_t>& list, int32_t* out,
+                            int32_t* fill, int& error, std::vector<std::pair<int32_t, int32_t>>& rebuild) {
     const int slots = s.slots[seq];
     const int32_t* groups = cache_groups.data() + cache_offsets[seq];
+    if (fill) std::fill(fill, fill + list.size(), -1);
     if (list.size() > size_t(slots) || slots > cuda::kMaxCacheSlots) {
       std::fill(out, out + list.size(), -1);
       error = 1;
@@ -302,7 +304,8 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       ref_stamp[slot_state(j)] = now[seq];
       const size_t device_page = size_t(groups[j]) * heads + head;
       const size_t host_page = size_t(host_groups[host_offsets[seq] + list[k]]) * heads + head;
-      out[k] = static_cast<int32_t>(device_page);
+      out[k] = fill ? ~static_cast<int32_t>(host_page) : static_cast<int32_t>(device_page);
+      if (fill) fill[k] = static_cast<int32_t>(device_page);
       // A values-only miss copies the page's second half (V) and keeps the slot's old keys.
       const bool values_only = rebuilds && list[k] < s.rebuild_end[seq];
       const size_t skip = values_only ? page_bytes / 2 : 0;
@@ -393,14 +396,20 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
         p.value_only = d_value_only.get();
       }
       // Every fetch split: the launch's choice, one block per item, 2, 4 and 8 blocks (clusters of
-      // them in one launch, sm_90), each in one launch and in two (plan, then fetch).
+      // them in one launch, sm_90), each in one launch and in two (plan, then fetch); and the plan
+      // alone, leaving the fetch to the attention (not with values-only misses), whose fill list
+      // this test carries out with cudaMemcpy.
       constexpr int kBlocksPerItem[] = {0, 1, 2, 4, 8};
       const int call = step * layers + layer;
-      const bool two_launches = call / 5 % 2 == 1;
+      const bool fill_mode = call / 5 % 3 == 2 && !rebuilds;
+      const bool two_launches = call / 5 % 3 != 0 && !fill_mode;
       p.blocks_per_item = kBlocksPerItem[call % 5];
       if (p.blocks_per_item > 1 && !two_launches && !cuda::sm90_or_newer()) p.blocks_per_item = 1;
       SCOPED_TRACE("blocks per item " + std::to_string(p.blocks_per_item) +
-                   (two_launches ? ", plan then fetch" : ", one launch"));
+                   (fill_mode ? ", plan for the attention's fetch" : two_launches ? ", plan then fetch" : ", one launch"));
+      std::vector<int32_t> expect_fill(fill_mode ? out_size : 0, kOutPoison);
+      DeviceArray<int32_t> d_fill(expect_fill);
+      CUDA_OK(d_fill.status());
       // The two-launch form's lists; its counts poisoned with a large count, so a plan that left one
       // unwritten would fetch garbage.
       const size_t copy_entries = two_launches ? std::max<size_t>(needed.size(), 1) : 0;
@@ -409,7 +418,10 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       for (auto status : {d_copy_src.status(), d_copy_dst.status(), d_copy_counts.status(),
                           d_rebuild_pages.status(), d_rebuild_logical.status(), d_rebuild_counts.status()})
         CUDA_OK(status);
-      if (two_launches) {
+      if (fill_mode) {
+        p.fill_pages = d_fill.get();
+        CUDA_OK(cuda::plan_cached_pages(p, nullptr));
+      } else if (two_launches) {
         p.copy_src = d_copy_src.get();
         p.copy_dst = d_copy_dst.get();
         p.copy_counts = d_copy_counts.get();
@@ -424,7 +436,20 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
       std::vector<std::vector<std::pair<int32_t, int32_t>>> expect_rebuild(items);
       for (int i = 0; i < items; ++i)
         reference_item(i / heads, i % heads, layer, lists[i], expect_out.data() + out_offsets[i],
-                       expect_error, expect_rebuild[i]);
+                       fill_mode ? expect_fill.data() + out_offsets[i] : nullptr, expect_error, expect_rebuild[i]);
+      bool same = true;
+      if (fill_mode) {  // the attention's part: each listed miss's host page into its fill page
+        const std::vector<int32_t> got_fill = d_fill.download(), got_out = d_out.download();
+        same &= same_or_report("fill_pages", expect_fill, got_fill, [](size_t at) { return "entry " + std::to_string(at); });
+        for (int i = 0; i < items && same; ++i) {
+          for (int k = out_offsets[i]; k < out_offsets[i] + needed_counts[i]; ++k) {
+            if (got_fill[k] < 0) continue;
+            CUDA_OK(cudaMemcpy(device_pool.get() + (layer * device_layer_pages + got_fill[k]) * page_bytes,
+                               host.get() + (layer * host_layer_pages + ~got_out[k]) * page_bytes, page_bytes,
+                               cudaMemcpyHostToDevice));
+          }
+        }
+      }
 
       const std::vector<int> got_error = d_error.download();
       EXPECT_EQ(got_error[0], expect_error) << "error flag";
@@ -435,7 +460,7 @@ void GpuPageCache::run_trace(const TraceShape& s, Coverage& cov) {
                    " (logical " + std::to_string(lists[i][at - out_offsets[i]]) + ")";
         return std::string("gap");
       };
-      bool same = got_error[0] == expect_error;
+      same &= got_error[0] == expect_error;
       same &= same_or_report("out_pages", expect_out, d_out.download(), describe_out);
       same &= same_or_report("counters", ref_counters, d_counters.download(), [](size_t i) {
         return "seq " + std::to_string(i / 3) +
@@ -635,6 +660,14 @@ TEST_F(GpuPageCache, RejectsBadParams) {
     EXPECT_EQ(cuda::plan_cached_pages(p, nullptr), cudaErrorInvalidValue) << name << " (plan)";
     EXPECT_EQ(cuda::fetch_planned_pages(p, nullptr), cudaErrorInvalidValue) << name << " (fetch)";
   }
+  // The attention's fetch (fill_pages) is the plan's alone, and not with values-only misses.
+  cuda::PageCacheParams fill = valid;
+  fill.fill_pages = ints.get();
+  EXPECT_EQ(cuda::retrieve_cached_pages(fill, nullptr), cudaErrorInvalidValue) << "fill_pages in one launch";
+  EXPECT_EQ(cuda::fetch_planned_pages(fill, nullptr), cudaErrorInvalidValue) << "fill_pages in the fetch";
+  fill.rebuild_end = fill.rebuild_pages = fill.rebuild_logical = fill.rebuild_counts = ints.get();
+  fill.value_only = counters.get();
+  EXPECT_EQ(cuda::plan_cached_pages(fill, nullptr), cudaErrorInvalidValue) << "fill_pages with a key rebuild";
   cuda::PageCacheParams empty = valid;
   empty.num_seqs = 0;
   empty.needed = nullptr;

@@ -60,10 +60,13 @@ class GpuPagedAttention : public GpuTest {
     const int used_pages = offsets[items];
     const int pool_pages = used_pages + 5;
     const std::vector<int32_t> ids = random_page_ids(used_pages, pool_pages, rng);
+    // With fill_pages: one more page per list entry after those, a fill target.
+    const int fill_first = pool_pages;
+    const int all_pages = pool_pages + (fill_pages ? used_pages : 0);
 
     // Pool: random bf16 everywhere, NaN in slots no list covers (tails of partial pages, spares).
     const size_t page_elems = static_cast<size_t>(2) * ps * d;
-    std::vector<uint16_t> pool(page_elems * pool_pages, kBf16Nan);
+    std::vector<uint16_t> pool(page_elems * all_pages, kBf16Nan);
     for (int i = 0; i < items; ++i) {
       for (int t = 0; t < s.tokens[i]; ++t) {
         const size_t base = key_offset(ids, offsets[i], t, ps, d);
@@ -137,7 +140,8 @@ class GpuPagedAttention : public GpuTest {
     // With host_pages: the same pool also in mapped pinned host memory, and a random half of the
     // list entries naming their page there (~id); the output must not change by a bit.
     void* host_pool = nullptr;
-    DeviceBuffer<int32_t> d_host_ids(ids.size());
+    DeviceBuffer<int32_t> d_host_ids(ids.size()), d_fills(ids.size());
+    std::vector<int32_t> fills(ids.size(), -1);
     if (host_pages) {
       CUDA_OK(cudaHostAlloc(&host_pool, pool.size() * 2, cudaHostAllocMapped));
       std::memcpy(host_pool, pool.data(), pool.size() * 2);
@@ -148,6 +152,11 @@ class GpuPagedAttention : public GpuTest {
       for (int32_t& id : host_ids) id = on_host(rng) ? ~id : id;
       CUDA_OK(cudaMemcpy(d_host_ids.ptr, host_ids.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
       p.host_pool = reinterpret_cast<const __nv_bfloat16*>(mapped);
+      if (fill_pages) {  // most host entries get a fill page of their own; the rest none
+        std::bernoulli_distribution filled(0.75);
+        for (size_t k = 0; k < ids.size(); ++k) fills[k] = host_ids[k] < 0 && filled(rng) ? fill_first + static_cast<int>(k) : -1;
+        CUDA_OK(cudaMemcpy(d_fills.ptr, fills.data(), std::max<size_t>(ids.size(), 1) * 4, cudaMemcpyHostToDevice));
+      }
     }
 
     // Every load path (see PagedDecodeParams::load_path).
@@ -177,13 +186,25 @@ class GpuPagedAttention : public GpuTest {
       }
       if (host_pages) {
         p.page_ids = d_host_ids.ptr;
+        if (fill_pages) {
+          p.fill_pages = d_fills.ptr;
+          p.fill_pool = reinterpret_cast<__nv_bfloat16*>(d_pool.ptr);
+        }
         CUDA_OK(cudaMemset(d_out.ptr, 0xff, q.size() * sizeof(OutT)));
-        CUDA_OK(cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        std::vector<OutT> from_host(q.size());
-        CUDA_OK(cudaMemcpy(from_host.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
-        EXPECT_EQ(std::memcmp(from_host.data(), out.data(), out.size() * sizeof(OutT)), 0)
-            << "load path " << path << ": pages read from the host pool changed the output";
+        const cudaError_t e = cuda::paged_decode_attention(p, d_out.ptr, ws.ptr, ws_bytes, nullptr);
+        p.fill_pages = nullptr;
+        p.fill_pool = nullptr;
+        if (fill_pages && path != 2) {  // only the default load path fills
+          EXPECT_EQ(e, cudaErrorInvalidValue) << "load path " << path << " with fill pages";
+        } else {
+          CUDA_OK(e);
+          CUDA_OK(cudaDeviceSynchronize());
+          std::vector<OutT> from_host(q.size());
+          CUDA_OK(cudaMemcpy(from_host.data(), d_out.ptr, out.size() * sizeof(OutT), cudaMemcpyDeviceToHost));
+          EXPECT_EQ(std::memcmp(from_host.data(), out.data(), out.size() * sizeof(OutT)), 0)
+              << "load path " << path << ": pages read from the host pool changed the output";
+          if (fill_pages) check_fills(pool, d_pool, ids, fills, offsets, s.tokens, ps, page_elems, d);
+        }
       }
       double num = 0.0, den = 0.0;
       size_t non_finite = 0;
@@ -210,7 +231,36 @@ class GpuPagedAttention : public GpuTest {
     if (host_pool) CUDA_OK(cudaFreeHost(host_pool));
   }
 
+  // After a run that filled: each fill page holds its host page's attended rows (K and V) and
+  // NaN elsewhere; every other page of the pool is as it was.
+  static void check_fills(const std::vector<uint16_t>& pool, const DeviceBuffer<uint16_t>& d_pool,
+                          const std::vector<int32_t>& ids, const std::vector<int32_t>& fills,
+                          const std::vector<int32_t>& offsets, const std::vector<int>& tokens, int ps,
+                          size_t page_elems, int d) {
+    std::vector<uint16_t> expect = pool;
+    size_t filled = 0;
+    for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+      for (int k = offsets[i]; k < offsets[i + 1]; ++k) {
+        if (fills[k] < 0) continue;
+        ++filled;
+        const int rows = std::min(ps, tokens[i] - (k - offsets[i]) * ps);
+        for (int half = 0; half < 2; ++half) {  // K rows, then V rows
+          const size_t src = ids[k] * page_elems + static_cast<size_t>(half) * ps * d;
+          const size_t dst = fills[k] * page_elems + static_cast<size_t>(half) * ps * d;
+          std::copy_n(pool.begin() + src, static_cast<size_t>(rows) * d, expect.begin() + dst);
+        }
+      }
+    }
+    EXPECT_GT(filled, 0u) << "no entry had a fill page";
+    std::vector<uint16_t> got(pool.size());
+    CUDA_OK(cudaMemcpy(got.data(), d_pool.ptr, got.size() * 2, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t e = 0; e < got.size(); ++e) bad += got[e] != expect[e];
+    EXPECT_EQ(bad, 0u) << "pool elements that differ from the fills' expectation, of " << got.size();
+  }
+
   bool host_pages = false;
+  bool fill_pages = false;  // with host_pages: the host entries also fill device pages
   bool check_lse = false;  // also request and check PagedDecodeParams::lse
   int max_tokens_bound = 0;  // > 0: PagedDecodeParams::max_tokens, above the longest list
   int last_splits = 0;     // splits the last run() used
@@ -257,6 +307,21 @@ TEST_F(GpuPagedAttention, PagesInMappedHostMemoryReadTheSame) {
     Shape s{2, 4, 5, 128, 16, random_lengths(8, 1500), tps, 1.0f};
     run<__nv_bfloat16>(s, 1e-2);
     Shape s64{2, 2, 8, 64, 32, random_lengths(4, 900), tps, 1.0f};
+    run<float>(s64, 1e-2);
+  }
+}
+
+TEST_F(GpuPagedAttention, HostPagesFillTheirDevicePages) {
+  // The sparse path's fetch in the attention: host pages read once, attended, and written to
+  // their fill pages; partial last pages, splits that share a page (page 32 with 64-token splits)
+  // and both head dims.
+  host_pages = fill_pages = true;
+  for (int tps : {0, 64}) {
+    Shape s{2, 4, 5, 128, 16, random_lengths(8, 1500), tps, 1.0f};
+    run<__nv_bfloat16>(s, 1e-2);
+    Shape s32{1, 8, 4, 128, 32, {1, 33, 95, 96, 97, 640, 7, 300}, tps, 1.0f};
+    run<__nv_bfloat16>(s32, 1e-2);
+    Shape s64{2, 2, 8, 64, 64, random_lengths(4, 900), tps, 1.0f};
     run<float>(s64, 1e-2);
   }
 }

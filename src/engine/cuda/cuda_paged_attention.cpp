@@ -305,6 +305,9 @@ class CudaKvStore final : public DeviceAttention {
     int32_t* needed = nullptr;        // written by select, read by retrieve
     const int32_t* out_offsets = nullptr;
     int32_t* decode_pages_mutable = nullptr;  // retrieve writes the selected pages' device ids here
+    // Indexed like decode_pages: with the fetch in the attention, the device page a miss fills
+    // (written by retrieve's plan), -1 elsewhere.
+    int32_t* fill_pages = nullptr;
     const int32_t* index_src = nullptr;       // per decode item: the page it completed (Quest), or -1
     const int32_t* seer_index_src = nullptr;  // the same for Seer
     const int32_t* shadowkv_index_src = nullptr;  // the same for ShadowKV
@@ -457,6 +460,7 @@ class CudaKvStore final : public DeviceAttention {
   int64_t max_cache_slots_ = 0;
   double buffer_factor_ = 0.0;
   int prefill_variant_ = -1;
+  bool fetch_in_attention_ = true;
   size_t page_elems_ = 0;     // bf16 elements of one page (K then V)
   DeviceBuffer<bf16> pool_;
   bf16* host_ = nullptr;      // the host tier (cudaHostAlloc, mapped)
@@ -642,6 +646,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
   quest_traits_ = sizes.quest_traits;
   buffer_factor_ = c.buffer_factor;
   prefill_variant_ = c.prefill_variant;
+  fetch_in_attention_ = c.fetch_in_attention;
   page_elems_ = static_cast<size_t>(2 * page_size_ * shape.head_dim);
   pool_.reserve(layer_offset(shape.n_layers), "KV cache pool");
   // Zeros, not leftover bytes, in pages no token has written (benchmarks time uncomputed KV).
@@ -1579,6 +1584,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   }
   const auto room = [&](int64_t used, int64_t bound) { return decode_only ? std::max(used, bound) : used; };
   const int64_t at_decode_pages = take(room(decode_entries, items * max_pages));
+  const int64_t at_fill_pages = take(room(decode_entries, items * max_pages));
   const int64_t at_low_decode_pages = take(room(low_decode_entries, items * max_pages));
   const int64_t at_needed = take(room(needed_entries, items * max_pages));
   const int64_t at_summary_dir = take(room(dir_entries, decode_rows * summary_chunks_for(max_pages)));
@@ -1780,6 +1786,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
             t[at_index_page + item] = static_cast<int32_t>(cur);
           }
         }
+        std::fill_n(t + at_fill_pages + decode_at, len, -1);
         decode_at += len;
         t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
       }
@@ -1912,6 +1919,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   };
   upload(0, fixed_end);
   upload(at_decode_pages, decode_entries);
+  upload(at_fill_pages, decode_entries);
   upload(at_low_decode_pages, low_decode_entries);
   upload(at_summary_dir, dir_entries);
   upload(at_host_groups, host_entries);
@@ -1989,6 +1997,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .needed = d + at_needed,
                .out_offsets = d + at_out_offsets,
                .decode_pages_mutable = d + at_decode_pages,
+               .fill_pages = d + at_fill_pages,
                .index_src = d + at_index_src,
                .seer_index_src = d + at_seer_index_src,
                .shadowkv_index_src = d + at_shadowkv_index_src,
@@ -2093,6 +2102,10 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     const auto mark = [&](int phase) {
       if (events) cuda_check(cudaEventRecord(events[phase], stream), "profile event");
     };
+    // The misses are read by the attention (which fills their slots) unless ShadowKV's key rebuild
+    // needs them in place before it.
+    const bool fetch_in_attention =
+        step_.sparse_decode && !dense_layer && fetch_in_attention_ && !step_.shadowkv_decode;
     if (step_.sparse_decode && !dense_layer) {
       mark(0);
       bf16* summaries = summaries_.get() + summary_layer_offset(layer);
@@ -2299,12 +2312,17 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
         rebuild.neox = neox_;
         cuda_check(cuda::shadowkv_rebuild_keys(rebuild, stream), "ShadowKV key rebuild");
       };
-      // With ShadowKV rows, Retrieve's fetch runs on its own stream beside the key rebuild, which
-      // needs Retrieve's plan (which misses go to which slots) but not the bytes it fetches. The
-      // other algorithms have no such work in the layer: their Retrieve runs in line (RetroInfer's
-      // estimation zone beside it measured no faster, docs/results/gpu.md, session 15). A profiled
-      // step runs the phases one after another, so that each is timed alone.
-      if (profiled || retrieve_stream_ == nullptr || !step_.shadowkv_decode) {
+      // Quest, Seer and RetroInfer plan here and fetch in the attention. With ShadowKV rows,
+      // Retrieve's fetch runs on its own stream beside the key rebuild, which needs Retrieve's plan
+      // (which misses go to which slots) but not the bytes it fetches. A profiled step runs the
+      // phases one after another, so that each is timed alone.
+      if (fetch_in_attention) {
+        estimation_zone();
+        mark(2);
+        cache.fill_pages = step_.fill_pages;
+        cuda_check(cuda::plan_cached_pages(cache, stream), "KV cache retrieve plan");
+        mark(3);
+      } else if (profiled || retrieve_stream_ == nullptr || !step_.shadowkv_decode) {
         estimation_zone();
         mark(2);
         cuda_check(cuda::retrieve_cached_pages(cache, stream), "KV cache retrieve");
@@ -2338,6 +2356,10 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       p.list_offsets = step_.low_decode_offsets;
       p.num_tokens = step_.low_decode_tokens;
     }
+    if (fetch_in_attention) {
+      p.fill_pages = step_.fill_pages;
+      p.fill_pool = pool;
+    }
     const bool estimate = step_.retroinfer_decode && !dense_layer;
     if (estimate) p.lse = lse_.get();
     cuda_check(cuda::paged_decode_attention(p, out, workspace_.get(), workspace_.bytes(), stream),
@@ -2358,6 +2380,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
       e.zone_counts = zone_counts_.get();
       e.decode_pages = step_.decode_pages;
       e.decode_offsets = step_.decode_offsets;
+      if (fetch_in_attention) e.fill_pages = step_.fill_pages;
       e.num_seqs = decode_rows;
       e.group = static_cast<int>(group_size_);
       e.scale = shape_.scale;  // the attention's, as the CPU's estimation

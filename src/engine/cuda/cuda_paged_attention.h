@@ -96,6 +96,10 @@ struct CudaPagedKvConfig {
   // The prefill attention kernel of every prefill (cuda::PagedPrefillParams::variant; -1: the
   // default). For benchmarks that compare kernels in one process.
   int prefill_variant = -1;
+  // Quest, Seer and RetroInfer read a step's cache misses from the host tier in the decode
+  // attention, which also fills their cache slots (one pass over the link, no separate fetch);
+  // false: Retrieve fetches them into the slots first. For benchmarks that compare the two.
+  bool fetch_in_attention = true;
   // Seer's trained gate for every Seer request (shaped for this store's KV heads; a
   // tensor-parallel rank's share); null: the training-free gate.
   std::shared_ptr<const sparse::SeerGate> seer_gate;

@@ -79,6 +79,7 @@ struct Item {
   int slots, count;
   const int32_t* needed;
   int32_t* out;
+  int32_t* fill;  // null unless the decode attention fetches the misses
   __device__ Item(const PageCacheParams& p, int item)
       : seq(item / p.num_kv_heads),
         head(item - seq * p.num_kv_heads),
@@ -86,7 +87,8 @@ struct Item {
         slots(p.cache_offsets[seq + 1] - cache_begin),
         count(p.needed_counts[item]),
         needed(p.needed + p.needed_offsets[item]),
-        out(p.out_pages + p.out_offsets[item]) {}
+        out(p.out_pages + p.out_offsets[item]),
+        fill(p.fill_pages ? p.fill_pages + p.out_offsets[item] : nullptr) {}
   // Whether the item fits the bounds the block's shared memory allows.
   __device__ bool fits() const { return count >= 0 && count <= slots && slots <= kMaxCacheSlots; }
 };
@@ -326,7 +328,12 @@ __device__ MissList retrieve_item(const PageCacheParams& p, Shared<kPerThread>& 
         p.rebuild_logical[p.needed_offsets[item] + value_rank[i]] = logical;
       }
     }
-    out[k] = device_page;
+    if (it.fill) {  // the attention reads the miss from the host tier and fills its slot
+      out[k] = miss ? ~copy_src[i] : device_page;
+      it.fill[k] = miss ? device_page : -1;
+    } else {
+      out[k] = device_page;
+    }
   }
   if (tid == 0) {
     atomicAdd(&p.counters[seq * 3 + 0], static_cast<unsigned long long>(hits));
@@ -370,7 +377,10 @@ __device__ void fetch_misses(const PageCacheParams& p, const MissList& list, con
 
 // An item that does not fit: -1 for its pages and the error flag; nothing fetched or rebuilt.
 __device__ void refuse_item(const PageCacheParams& p, const Item& it, int item) {
-  for (int k = threadIdx.x; k < it.count; k += kThreads) it.out[k] = -1;
+  for (int k = threadIdx.x; k < it.count; k += kThreads) {
+    it.out[k] = -1;
+    if (it.fill) it.fill[k] = -1;
+  }
   if (threadIdx.x == 0) {
     *p.error = 1;
     if (p.rebuild_end) p.rebuild_counts[item] = 0;
@@ -448,20 +458,22 @@ __global__ void __launch_bounds__(kThreads, 2) retrieve_cached_pages_kernel(cons
 #endif
 }
 
-// Rank 0's part alone, one block per item: the copy list goes to global memory.
+// Rank 0's part alone, one block per item: the copy list goes to global memory (or, with
+// fill_pages, the misses' host pages to out_pages for the attention to fetch).
 __global__ void __launch_bounds__(kThreads, 2) plan_cached_pages_kernel(const PageCacheParams p) {
   enter_dependent_grid();
   __shared__ Shared<kFullPerThread> full;
   const int item = blockIdx.x;
-  int32_t* counts = p.copy_counts + 2 * static_cast<int64_t>(item);
   const Item it(p, item);
   if (!it.fits()) {
     refuse_item(p, it, item);
-    if (threadIdx.x == 0) counts[0] = counts[1] = 0;  // nothing to fetch
+    if (threadIdx.x == 0 && !it.fill) p.copy_counts[2 * item] = p.copy_counts[2 * item + 1] = 0;  // no fetch
     return;
   }
   ItemPlan plan = item_layout(p, full, it);
   plan.list = plan_item(p, full, it, item, plan);
+  if (it.fill) return;
+  int32_t* counts = p.copy_counts + 2 * static_cast<int64_t>(item);
   const int64_t at = p.needed_offsets[item];
   for (int k = threadIdx.x; k < plan.list.misses; k += kThreads) {
     p.copy_src[at + k] = plan.src[k];
@@ -522,7 +534,8 @@ cudaError_t check_params(const PageCacheParams& p, RetrieveLaunch launch, int64_
       !p.host_pool || !p.device_pool || !p.out_pages || !p.out_offsets || !p.counters || !p.error ||
       !aligned16(p.host_pool) || !aligned16(p.device_pool) ||
       (p.rebuild_end && (!p.rebuild_pages || !p.rebuild_logical || !p.rebuild_counts || !p.value_only)) ||
-      (launch != RetrieveLaunch::whole && (!p.copy_src || !p.copy_dst || !p.copy_counts)))
+      (p.fill_pages && (launch != RetrieveLaunch::plan || p.rebuild_end)) ||
+      (launch != RetrieveLaunch::whole && !p.fill_pages && (!p.copy_src || !p.copy_dst || !p.copy_counts)))
     return cudaErrorInvalidValue;
   return cudaSuccess;
 }

@@ -90,6 +90,9 @@ struct PageCacheParams {
   int32_t* copy_src = nullptr;
   int32_t* copy_dst = nullptr;
   int32_t* copy_counts = nullptr;  // [2 * num_seqs * num_kv_heads]
+  // plan_cached_pages only: the misses are fetched by the decode attention (see below); indexed
+  // like out_pages.
+  int32_t* fill_pages = nullptr;
 };
 cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream);
 
@@ -97,6 +100,10 @@ cudaError_t retrieve_cached_pages(const PageCacheParams& p, cudaStream_t stream)
 // plan_cached_pages does steps 1, 2 and 4, the table update and the rebuild lists, and writes the
 // copy lists; fetch_planned_pages copies the listed pages. Work that needs the plan but not the
 // pages' bytes (ShadowKV's key rebuild) can then run beside the fetch, on another stream.
+// With fill_pages set, plan_cached_pages leaves the fetch to the decode attention instead
+// (paged_attention.h's fill_pages): a miss's out_pages entry is ~(its host page), with its device
+// page at the same index of fill_pages (-1 at hits and at refused items); no copy list is written,
+// and rebuild_end must be null. retrieve_cached_pages and fetch_planned_pages refuse fill_pages.
 cudaError_t plan_cached_pages(const PageCacheParams& p, cudaStream_t stream);
 cudaError_t fetch_planned_pages(const PageCacheParams& p, cudaStream_t stream);
 

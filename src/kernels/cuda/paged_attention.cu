@@ -281,6 +281,31 @@ __global__ void __launch_bounds__(kThreads)
         t.v[rr][c] = *reinterpret_cast<const uint4*>(base + (2 + rr) * kPart + at);
       }
   };
+  // The tile's rows from host pages that have a fill page: written back out of the stage (still
+  // swizzled in shared memory) to the device page, so this read is the page's only trip over the
+  // link. Both 8-token groups of a tile come from one or two pages, each wholly host or device.
+  const int32_t* fills = p.fill_pages ? p.fill_pages + p.list_offsets[item] : nullptr;
+  auto fill_warp = [&](int tb, int stage) {
+    const char* base = reinterpret_cast<const char*>(warp_ring) + stage * 4 * kPart;
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int group_first = tb + rr * 8;
+      if (group_first >= t_end) continue;
+      const int j = group_first / ps;
+      if (ids[j] >= 0) continue;
+      const int dst_page = fills[j];
+      if (dst_page < 0) continue;
+      __nv_bfloat16* dst = p.fill_pool + static_cast<size_t>(dst_page) * page_elems + (group_first % ps) * D;
+#pragma unroll
+      for (int blk = 0; blk < kPart / 512; ++blk) {
+        const int off = blk * 512 + lane * 16;
+        if (group_first + off / (2 * D) >= t_end) continue;
+        const int at = rr * kPart + swizzled(off / (2 * D), (off % (2 * D)) >> 4);
+        *reinterpret_cast<uint4*>(dst + off / 2) = *reinterpret_cast<const uint4*>(base + at);
+        *reinterpret_cast<uint4*>(dst + ps * D + off / 2) = *reinterpret_cast<const uint4*>(base + 2 * kPart + at);
+      }
+    }
+  };
   auto read = [&](Tile<D>& t, int stage) {
     const uint4* src = my_ring + stage * kChunks<D> * 32;
 #pragma unroll
@@ -380,6 +405,7 @@ __global__ void __launch_bounds__(kThreads)
       __syncwarp();                   // and every other lane's part
       Tile<D> cur;
       read_warp(cur, stage);
+      if (fills) fill_warp(tb, stage);
       compute(cur, tb, [&] {
         __syncwarp();  // every lane is done reading this stage
         const int ahead = tb + stages * stride;
@@ -539,7 +565,10 @@ bool valid_shape(const PagedDecodeParams& p) {
          (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 && p.page_size <= 64 &&
          p.page_size % 8 == 0 && p.max_tokens >= 0 && p.tokens_per_split >= 0 &&
          p.tokens_per_split % kSplitQuantum == 0 && p.load_path >= -1 && p.load_path <= 2 &&
-         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX;
+         static_cast<int64_t>(p.num_seqs) * p.num_kv_heads <= INT32_MAX &&
+         (p.fill_pages == nullptr ||
+          (p.fill_pool != nullptr && reinterpret_cast<uintptr_t>(p.fill_pool) % 16 == 0 &&
+           (p.load_path < 0 ? kDefaultCopy : static_cast<Copy>(p.load_path)) == Copy::kWarp512));
 }
 
 // Lets one instantiation use kSmemBytes<D> of dynamic shared memory.

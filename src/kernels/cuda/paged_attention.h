@@ -56,6 +56,14 @@ struct PagedDecodeParams {
   // instruction covering 512 contiguous bytes, swizzled, no hint. For benchmarks and tuning;
   // every path computes the same result.
   int load_path = -1;
+  // Pages fetched while they are attended (the sparse path's Retrieve misses, page_cache.h): at a
+  // negative id in list position j of item i, fill_pages[list_offsets[i] + j] >= 0 names the page
+  // of fill_pool (usually kv_pool) that the host page's rows are also written to; a negative entry
+  // writes nothing, and entries at non-negative ids are not read. The rows written are those the
+  // item attends, so a list covering whole pages fills whole pages. Null: nothing is written.
+  // Only load path 2 (the default) fills.
+  const int32_t* fill_pages = nullptr;
+  __nv_bfloat16* fill_pool = nullptr;
   // Optional [num_seqs][num_kv_heads * group] fp32 output, indexed like `out`'s rows (row
   // r = seq * num_kv_heads * group + kv_head * group + j): the natural-log log-sum-exp of that
   // query head's scaled logits, ln(sum_t exp(scale * q . k_t)); -INFINITY for an item with 0

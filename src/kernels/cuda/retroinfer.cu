@@ -655,6 +655,7 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
   const int32_t* selected = p.selected + p.selected_offsets[item];
   const int k = p.selected_counts[item];
   const int32_t* list = p.decode_pages + p.decode_offsets[item];
+  const int32_t* fills = p.fill_pages ? p.fill_pages + p.decode_offsets[item] : nullptr;
   const int64_t page_elems = int64_t{2} * ps * D;
   float m[G], l[G], acc[G][V];
 #pragma unroll
@@ -697,7 +698,8 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
         const int src = __ffs(attended) - 1;
         attended &= attended - 1;
         const int tt = __shfl_sync(kFull, t, src), aa = __shfl_sync(kFull, at, src);
-        const bf16* v = p.records.kv_pool + list[aa] * page_elems + int64_t{ps} * D + (tt % ps) * D;
+        const int32_t page = list[aa] >= 0 || !fills ? list[aa] : fills[aa];
+        const bf16* v = p.records.kv_pool + page * page_elems + int64_t{ps} * D + (tt % ps) * D;
 #pragma unroll
         for (int e = 0; e < V; ++e) vsum[e] -= __bfloat162float(v[lane + 32 * e]);
       }

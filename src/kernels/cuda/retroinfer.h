@@ -151,6 +151,9 @@ struct RetroInferEstimateParams {
   const int32_t* zone_counts = nullptr;   // [items]
   const int32_t* decode_pages = nullptr;
   const int32_t* decode_offsets = nullptr;
+  // Indexed like decode_pages, or null: where the attention fetched a page from the host tier (a
+  // negative entry), the device page it filled, which the attended members' values are read from.
+  const int32_t* fill_pages = nullptr;
   int num_seqs = 0;
   int group = 1;
   float scale = 1.0f;
