@@ -116,6 +116,35 @@ TEST(EnginePromptLogprobs, ComeWithTheFirstSampledToken) {
   expect_matches_reference(c.prompt_logprobs[id], prompt, 0);
 }
 
+TEST(EnginePromptLogprobs, ComeOnceThroughPreemptionsThatRecompute) {
+  // Room for one request at full length: the others are preempted and recompute their prompts,
+  // whose logprobs must not be recorded or sent again.
+  std::mt19937 rng(5);
+  EngineConfig config;
+  config.max_num_seqs = 4;
+  config.max_num_batched_tokens = 64;
+  config.max_model_len = 64;
+  config.kv_token_budget = 64;
+  config.kv_block_tokens = 16;
+  Engine engine(tiny().model, nullptr, config);
+  Collector c;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    prompts.push_back(random_prompt(rng, 12 + i));
+    RequestParams params = greedy(30);
+    params.prompt_logprobs = 1;
+    ids.push_back(engine.add_request(prompts.back(), params, c.callback()));
+  }
+  while (engine.has_work()) engine.step();
+  EXPECT_GT(engine.metrics().preemptions_recompute, 0u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.ids[ids[i]], reference_greedy(prompts[i], 30)) << "request " << i;
+    EXPECT_EQ(c.prompt_logprob_outputs[ids[i]], 1) << "request " << i;
+    expect_matches_reference(c.prompt_logprobs[ids[i]], prompts[i], 1);
+  }
+}
+
 TEST(EnginePromptLogprobs, RefusesZeroTokensWithoutThem) {
   EngineConfig config;
   config.max_model_len = 64;
