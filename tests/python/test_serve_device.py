@@ -228,3 +228,36 @@ def test_rope_scaling_extends_the_served_context():
     err = stop(proc)
     assert proc.returncode == 0, err
     assert "RoPE scaling from --rope-scaling" in err and "context 16384 tokens" in err, err
+
+
+def test_echo_scores_the_tokens_a_decode_drew(tmp_path):
+    """A prompt that ends with the tokens a greedy decode drew, echoed with max_tokens 0: its
+    last tokens' logprobs (the prefill's rows for every position) equal those the decode reported
+    (each step's last row). On the CPU (fp32: within 1e-3) and, where one serves, on the GPU (bf16,
+    prefill kernels against decode kernels: within 0.1)."""
+    prompt = [1, 7, 42, 99, 3, 250, 17]
+    largest = {}
+    for device, tolerance in (("cpu", 1e-3), ("cuda", 0.1)):
+        proc, port = start("--model", small_gpu_config(tmp_path), "--load-format", "dummy", "--device", device,
+                           "--max-model-len", "256", "--gpu-memory-utilization", "0.5")
+        if not wait_healthy_or_exit(proc, port):  # no GPU here: the other test checks the message
+            assert device == "cuda" and proc.returncode == 1, proc.communicate()[1]
+            continue
+        try:
+            status, drawn = completion(port, {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2})
+            assert status == 200, drawn
+            decoded = drawn["choices"][0]["logprobs"]
+            ids = [int(t.strip("<>")) for t in decoded["tokens"]]
+            status, scored = completion(port, {"prompt": prompt + ids, "max_tokens": 0, "echo": True, "logprobs": 2})
+            assert status == 200, scored
+        finally:
+            err = stop(proc)
+        assert proc.returncode == 0, err
+        echoed = scored["choices"][0]["logprobs"]
+        assert scored["choices"][0]["finish_reason"] == "length"
+        assert len(echoed["tokens"]) == len(prompt) + len(ids) and echoed["token_logprobs"][0] is None
+        assert echoed["tokens"][len(prompt):] == decoded["tokens"]
+        gaps = [abs(a - b) for a, b in zip(echoed["token_logprobs"][len(prompt):], decoded["token_logprobs"])]
+        assert max(gaps) <= tolerance, (device, echoed["token_logprobs"], decoded["token_logprobs"])
+        largest[device] = max(gaps)
+    print(f"largest |echoed - decoded| logprob per device that served: {largest}")
