@@ -409,6 +409,7 @@ void run_cuda(const BenchArgs& a) {
   const spin::ModelConfig c = loaded.weights.config;
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const bool sparse = a.sparse_algorithm != "dense";
+  const bool misses_in_attention = a.fetch_in_attention && a.sparse_algorithm != "shadowkv";  // as the store decides
   const int world = a.tensor_parallel_size;
   const bool compare_sampling = a.compare_sampling && !sparse && world == 1;
   const int64_t max_context =
@@ -505,7 +506,7 @@ void run_cuda(const BenchArgs& a) {
     std::printf("| attention | %s%s, budget %lld tokens per KV head (0: its default), buffers up to %gx it |\n",
                 a.sparse_algorithm.c_str(), a.seer_gate.empty() ? "" : (" (trained gate: " + a.seer_gate + ")").c_str(),
                 static_cast<long long>(a.sparse_budget), a.buffer_factor);
-    std::printf("| cache misses read | %s |\n", a.fetch_in_attention && a.sparse_algorithm != "shadowkv"
+    std::printf("| cache misses read | %s |\n", misses_in_attention
                                                      ? "by the decode attention, which fills their slots"
                                                      : "by Retrieve, into their slots, before the attention");
     std::printf("| host to device bandwidth (256 MiB pinned cudaMemcpy, median of 5) | %.1f GB/s |\n",
@@ -717,9 +718,7 @@ void run_cuda(const BenchArgs& a) {
                 "hit rate is below the store's, the replays are short of the store's history and Belady's is low "
                 "too.%s\n\n",
                 kProfileSteps, kMinWarmSteps, kMaxWarmSteps, kMaxWarmPages >> 20,
-                a.fetch_in_attention && a.sparse_algorithm != "shadowkv"
-                    ? " The misses are fetched inside the attention: retrieve is the plan alone."
-                    : "");
+                misses_in_attention ? " The misses are fetched inside the attention: retrieve is the plan alone." : "");
     std::printf("| batch | context | warm-up steps | eager ms/step | index+score ms | select ms | retrieve ms | "
                 "key rebuild ms | attention ms | rest ms | hit rate | LRU replay hit rate | Belady hit rate | "
                 "ideal ms/step | ideal with LRU ms/step | measured (graphs) / ideal |\n");

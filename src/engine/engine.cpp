@@ -710,8 +710,7 @@ StepReport Engine::step() {
       if (all_logits) first_row += n;
       if (!report.chunks[i].samples) continue;
       RequestOutput out;
-      out.prompt_logprobs = std::move(r.prompt_logprobs);
-      r.prompt_logprobs.clear();
+      out.prompt_logprobs.swap(r.prompt_logprobs);  // sent once: r keeps none
       if (r.params.max_tokens == 0) {  // scoring the prompt alone: nothing to sample
         finish(r, "length", out);
         outputs.emplace_back(std::move(r.on_output), std::move(out));

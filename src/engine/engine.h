@@ -219,11 +219,11 @@ class Engine {
   void preempt(Request& r, bool swap);
   bool drop_swapped();
   void finish(Request& r, const std::string& reason, RequestOutput& out);
-  // Appends r's next token: `drawn` where the model drew it on its device, else sampled here from
-  // the logits (which also give its logprobs when asked for).
   // Records r's prompt logprobs from the logits of its chunk of n tokens at r.computed (one row
   // each).
   void record_prompt_logprobs(Request& r, const float* logits, int64_t n);
+  // Appends r's next token: `drawn` where the model drew it on its device, else sampled here from
+  // the logits (which also give its logprobs when asked for).
   void sample_next(Request& r, std::span<const float> logits, std::optional<int32_t> drawn, RequestOutput& out);
   void end_all(const std::string& reason, const std::string& error);
   void update_gauges();

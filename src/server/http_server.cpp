@@ -62,6 +62,9 @@ struct ChoiceSet {
   bool sent_role = false;
   bool done = false;
 
+  // The prompt echoed before choice i, or null without 'echo'.
+  const ParsedPrompt* echo_of(size_t i) const { return echo.empty() ? nullptr : &echo[i / per_prompt]; }
+
   int64_t total_completion_tokens() const {
     int64_t total = 0;
     for (int64_t t : completion_tokens) total += t;
@@ -209,12 +212,11 @@ struct StreamResponse {
       }
       auto& [i, out] = *item;
       choices->completion_tokens[i] = out.completion_tokens;
-      if (!choices->echo.empty() && !choices->echoed[i]) {  // the prompt first, with its logprobs
+      if (const ParsedPrompt* prompt = choices->echo_of(i); prompt && !choices->echoed[i]) {  // the prompt first
         choices->echoed[i] = true;
-        const ParsedPrompt& prompt = choices->echo[i / choices->per_prompt];
-        const json logprobs = with_logprobs ? echo_logprobs_json(tokenizer, prompt.ids, out.prompt_logprobs) : json();
-        choices->text_bytes[i] += static_cast<int64_t>(prompt.echo.size());
-        if (!send(dump(chunk_body(ep, id, created, model, i, prompt.echo, "", false, logprobs)))) return gone();
+        const json logprobs = with_logprobs ? echo_logprobs_json(tokenizer, prompt->ids, out.prompt_logprobs) : json();
+        choices->text_bytes[i] += static_cast<int64_t>(prompt->echo.size());
+        if (!send(dump(chunk_body(ep, id, created, model, i, prompt->echo, "", false, logprobs)))) return gone();
       }
       // A model without a tokenizer has no text: each step's tokens still get a chunk (empty text),
       // so a client sees them arrive.
@@ -589,11 +591,6 @@ void HttpServer::install_routes() {
       choices->finished.assign(n, false);
       choices->completion_tokens.assign(n, 0);
       choices->text_bytes.assign(n, 0);
-      if (pr.echo) {
-        choices->echo = pr.prompts;
-        choices->per_prompt = static_cast<size_t>(pr.n);
-        choices->echoed.assign(n, false);
-      }
       const bool with_logprobs = pr.params.top_logprobs >= 0;
       const Tokenizer* tokenizer = st->ctx.tokenizer;
       try {
@@ -610,6 +607,11 @@ void HttpServer::install_routes() {
       } catch (...) {
         for (uint64_t engine_id : choices->engine_ids) engine.abort(engine_id);
         throw;
+      }
+      if (pr.echo) {
+        choices->echo = std::move(pr.prompts);
+        choices->per_prompt = static_cast<size_t>(pr.n);
+        choices->echoed.assign(n, false);
       }
 
       if (!pr.stream) {
@@ -656,7 +658,7 @@ void HttpServer::install_routes() {
         }
         if (!failure.empty()) return send_error(res, 500, "server_error", failure);
         for (size_t i = 0; i < n; ++i) {
-          const ParsedPrompt* echo = pr.echo ? &pr.prompts[i / static_cast<size_t>(pr.n)] : nullptr;
+          const ParsedPrompt* echo = choices->echo_of(i);
           const int64_t offset = echo ? static_cast<int64_t>(echo->echo.size()) : 0;
           if (with_logprobs) results[i].logprobs = logprobs_json(ep, tokenizer, logprobs[i], offset);
           if (with_logprobs && echo) {

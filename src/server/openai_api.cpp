@@ -140,16 +140,19 @@ std::vector<int32_t> token_id_array(const json& array, const char* param) {
   return ids;
 }
 
-// "prompt": a string, an array of token ids, or an array of either (one prompt each). A string
-// prompt keeps its text in `echo`.
-std::vector<ParsedPrompt> completion_prompts(const json& body, const ApiContext& ctx) {
+// "prompt": a string, an array of token ids, or an array of either (one prompt each). With `echo`
+// each keeps its text: a string as sent, token ids decoded (when there is a tokenizer).
+std::vector<ParsedPrompt> completion_prompts(const json& body, const ApiContext& ctx, bool echo) {
   const json* p = field(body, "prompt");
   if (!p) bad_request("prompt", "'prompt' is required");
   const auto text = [&](const json& prompt, const std::string& param) {
-    return ParsedPrompt{encode_text(ctx, prompt.get<std::string>(), param), 0, prompt.get<std::string>()};
+    const std::string& s = prompt.get_ref<const std::string&>();
+    return ParsedPrompt{encode_text(ctx, s, param), 0, echo ? s : ""};
   };
   const auto ids = [&](const json& prompt, const std::string& param) {
-    return ParsedPrompt{token_id_array(prompt, param.c_str()), 0, ""};
+    ParsedPrompt parsed{token_id_array(prompt, param.c_str()), 0, ""};
+    if (echo && ctx.tokenizer) parsed.echo = ctx.tokenizer->decode(parsed.ids);
+    return parsed;
   };
   if (p->is_string()) return {text(*p, "prompt")};
   if (!p->is_array()) bad_request("prompt", fmt::format("'prompt' must be a string or an array, got {}", type_name(*p)));
@@ -432,7 +435,7 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
   if (chat) {
     prompts.push_back(ParsedPrompt{chat_prompt(body, ctx), 0, ""});
   } else {
-    prompts = completion_prompts(body, ctx);
+    prompts = completion_prompts(body, ctx, r.echo);
   }
   // Each choice is one engine request: a request the server could never hold all of is refused.
   const int64_t choices = static_cast<int64_t>(prompts.size()) * r.n;
@@ -473,11 +476,6 @@ ParsedRequest parse_request(Endpoint endpoint, const std::string& body_text, con
     }
     // Defaults: 16 for completions (as OpenAI's), the rest of the context for chat.
     prompt.max_tokens = max_tokens ? *max_tokens : (chat ? room : std::min<int64_t>(16, room));
-    if (!r.echo) {
-      prompt.echo.clear();
-    } else if (prompt.echo.empty() && ctx.tokenizer) {
-      prompt.echo = ctx.tokenizer->decode(prompt.ids);
-    }
     r.prompts.push_back(std::move(prompt));
   }
   // Echo with logprobs scores the prompt's tokens too; with max_tokens 0 the engine runs the
@@ -535,14 +533,20 @@ ojson chunk_body(Endpoint endpoint, const std::string& id, int64_t created, cons
               {"choices", ojson::array({choice})}};
 }
 
+namespace {
+
+// A token as logprobs show it: its bytes, or <id> without a tokenizer.
+std::string token_text(const Tokenizer* tokenizer, int32_t id) {
+  return tokenizer ? tokenizer->token_bytes(id) : fmt::format("<{}>", id);
+}
+
+}  // namespace
+
 ojson logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer, const std::vector<TokenLogprob>& entries,
                    int64_t text_offset) {
-  auto bytes_of = [&](int32_t id) {
-    return tokenizer ? tokenizer->token_bytes(id) : fmt::format("<{}>", id);
-  };
   if (endpoint == Endpoint::ChatCompletions) {
     auto item = [&](int32_t id, float logprob) {
-      const std::string b = bytes_of(id);
+      const std::string b = token_text(tokenizer, id);
       std::vector<int> byte_values;
       for (unsigned char c : b) byte_values.push_back(c);
       return ojson{{"token", b}, {"logprob", logprob}, {"bytes", byte_values}};
@@ -558,11 +562,11 @@ ojson logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer, const std::ve
   }
   ojson tokens = ojson::array(), token_logprobs = ojson::array(), top = ojson::array(), offsets = ojson::array();
   for (const TokenLogprob& e : entries) {
-    const std::string b = bytes_of(e.id);
+    const std::string b = token_text(tokenizer, e.id);
     tokens.push_back(b);
     token_logprobs.push_back(e.logprob);
     ojson alternatives = ojson::object();
-    for (const auto& [id, lp] : e.top) alternatives[bytes_of(id)] = lp;
+    for (const auto& [id, lp] : e.top) alternatives[token_text(tokenizer, id)] = lp;
     top.push_back(std::move(alternatives));
     offsets.push_back(text_offset);
     text_offset += static_cast<int64_t>(b.size());
@@ -574,7 +578,7 @@ ojson logprobs_json(Endpoint endpoint, const Tokenizer* tokenizer, const std::ve
 ojson echo_logprobs_json(const Tokenizer* tokenizer, std::span<const int32_t> prompt_ids,
                          const std::vector<TokenLogprob>& entries) {
   if (prompt_ids.empty()) return logprobs_json(Endpoint::Completions, tokenizer, entries, 0);
-  const std::string first = tokenizer ? tokenizer->token_bytes(prompt_ids[0]) : fmt::format("<{}>", prompt_ids[0]);
+  const std::string first = token_text(tokenizer, prompt_ids[0]);
   const ojson head{{"tokens", ojson::array({first})},
                    {"token_logprobs", ojson::array({nullptr})},
                    {"top_logprobs", ojson::array({nullptr})},

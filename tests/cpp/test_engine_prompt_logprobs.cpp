@@ -63,6 +63,13 @@ void expect_matches_reference(const std::vector<TokenLogprob>& got, const std::v
   }
 }
 
+// Greedy, max_tokens long, with the prompt's logprobs and `top` alternatives each.
+RequestParams with_prompt_logprobs(int64_t max_tokens, int top) {
+  RequestParams p = greedy(max_tokens);
+  p.prompt_logprobs = top;
+  return p;
+}
+
 TEST(EnginePromptLogprobs, ScoresAChunkedPromptBesideAnotherRequest) {
   // max_tokens 0: the prompt is scored and nothing sampled. Its prefill takes three steps of 16
   // tokens, batched with a request that decodes, whose tokens must not change.
@@ -74,9 +81,7 @@ TEST(EnginePromptLogprobs, ScoresAChunkedPromptBesideAnotherRequest) {
   config.max_model_len = 128;
   Engine engine(tiny().model, nullptr, config);
   Collector c;
-  RequestParams scoring = greedy(0);
-  scoring.prompt_logprobs = 3;
-  const uint64_t a = engine.add_request(scored, scoring, c.callback());
+  const uint64_t a = engine.add_request(scored, with_prompt_logprobs(0, 3), c.callback());
   const uint64_t b = engine.add_request(other, greedy(10), c.callback());
   while (engine.has_work()) engine.step();
 
@@ -98,8 +103,7 @@ TEST(EnginePromptLogprobs, ComeWithTheFirstSampledToken) {
   config.max_model_len = 64;
   Engine engine(tiny().model, nullptr, config);
   Collector c;
-  RequestParams params = greedy(5);
-  params.prompt_logprobs = 0;
+  RequestParams params = with_prompt_logprobs(5, 0);
   params.top_logprobs = 1;
   int64_t outputs_with_tokens = 0;
   const OutputCallback collect = c.callback();
@@ -132,9 +136,7 @@ TEST(EnginePromptLogprobs, ComeOnceThroughPreemptionsThatRecompute) {
   std::vector<uint64_t> ids;
   for (int i = 0; i < 4; ++i) {
     prompts.push_back(random_prompt(rng, 12 + i));
-    RequestParams params = greedy(30);
-    params.prompt_logprobs = 1;
-    ids.push_back(engine.add_request(prompts.back(), params, c.callback()));
+    ids.push_back(engine.add_request(prompts.back(), with_prompt_logprobs(30, 1), c.callback()));
   }
   while (engine.has_work()) engine.step();
   EXPECT_GT(engine.metrics().preemptions_recompute, 0u);

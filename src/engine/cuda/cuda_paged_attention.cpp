@@ -243,6 +243,9 @@ class CudaKvStore final : public DeviceAttention {
     bool seer_decode = false;   // some decode row runs Seer's
     bool shadowkv_decode = false;  // some decode row runs ShadowKV's (and rebuilds keys)
     bool retroinfer_decode = false;  // some decode row runs RetroInfer's (and its estimation)
+    // The sparse layers' decode attention reads the misses and fills their slots (no ShadowKV row,
+    // whose key rebuild needs them in place first); fill_pages is then uploaded.
+    bool fetch_in_attention = false;
     int32_t max_clusters = 0;        // RetroInfer's cluster slots of the context bucket
     int32_t max_candidates = 0;
     // ShadowKV: the most pages an item's key rebuild may take, the step's largest selection
@@ -305,8 +308,8 @@ class CudaKvStore final : public DeviceAttention {
     int32_t* needed = nullptr;        // written by select, read by retrieve
     const int32_t* out_offsets = nullptr;
     int32_t* decode_pages_mutable = nullptr;  // retrieve writes the selected pages' device ids here
-    // Indexed like decode_pages: with the fetch in the attention, the device page a miss fills
-    // (written by retrieve's plan), -1 elsewhere.
+    // Indexed like decode_pages, with fetch_in_attention: the device page a miss fills (written by
+    // retrieve's plan), -1 elsewhere.
     int32_t* fill_pages = nullptr;
     const int32_t* index_src = nullptr;       // per decode item: the page it completed (Quest), or -1
     const int32_t* seer_index_src = nullptr;  // the same for Seer
@@ -1786,7 +1789,6 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
             t[at_index_page + item] = static_cast<int32_t>(cur);
           }
         }
-        std::fill_n(t + at_fill_pages + decode_at, len, -1);
         decode_at += len;
         t[at_decode_offsets + item + 1] = static_cast<int32_t>(decode_at);
       }
@@ -1919,7 +1921,12 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
   };
   upload(0, fixed_end);
   upload(at_decode_pages, decode_entries);
-  upload(at_fill_pages, decode_entries);
+  const bool fetch_in_attention =
+      fetch_in_attention_ && (quest_decode || seer_decode || retroinfer_decode) && !shadowkv_decode;
+  if (fetch_in_attention) {  // the plan fills its misses' entries; dense-offload's host pages stay unfilled
+    std::fill_n(t + at_fill_pages, decode_entries, -1);
+    upload(at_fill_pages, decode_entries);
+  }
   upload(at_low_decode_pages, low_decode_entries);
   upload(at_summary_dir, dir_entries);
   upload(at_host_groups, host_entries);
@@ -1943,6 +1950,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                .seer_decode = seer_decode,
                .shadowkv_decode = shadowkv_decode,
                .retroinfer_decode = retroinfer_decode,
+               .fetch_in_attention = fetch_in_attention,
                .max_clusters = static_cast<int32_t>(max_clusters),
                .max_candidates = static_cast<int32_t>(max_pages),
                .rebuild_bound = rebuild_bound,
@@ -2102,10 +2110,7 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
     const auto mark = [&](int phase) {
       if (events) cuda_check(cudaEventRecord(events[phase], stream), "profile event");
     };
-    // The misses are read by the attention (which fills their slots) unless ShadowKV's key rebuild
-    // needs them in place before it.
-    const bool fetch_in_attention =
-        step_.sparse_decode && !dense_layer && fetch_in_attention_ && !step_.shadowkv_decode;
+    const bool fetch_in_attention = step_.fetch_in_attention && !dense_layer;
     if (step_.sparse_decode && !dense_layer) {
       mark(0);
       bf16* summaries = summaries_.get() + summary_layer_offset(layer);
