@@ -399,8 +399,8 @@ int64_t untimed_steps(const BenchArgs& a) {
 int64_t decode_steps_per_sequence(const BenchArgs& a) { return 1 + untimed_steps(a) + a.decode_tokens * a.repeats; }
 
 // Tokens --compare-sampling appends to a sequence after its context: 2 temperatures x (host, GPU)
-// x (2 untimed steps + the timed ones), with room to spare.
-int64_t sampling_comparison_steps(const BenchArgs& a) { return 4 * a.decode_tokens * (a.repeats + 2); }
+// + 2 logit-row choices, each 2 untimed steps + the timed ones, with room to spare.
+int64_t sampling_comparison_steps(const BenchArgs& a) { return 6 * a.decode_tokens * (a.repeats + 2); }
 
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load = load_options(a);
@@ -651,11 +651,15 @@ void run_cuda(const BenchArgs& a) {
   }
   if (compare_sampling) {
     // The same decode steps with the next tokens drawn on the host (logits downloaded, the engine's
-    // Sampler per row) and on the GPU (forward_sampled: token ids downloaded).
+    // Sampler per row) and on the GPU (forward_sampled: token ids downloaded); then greedy GPU
+    // draws with the logit rows of the whole batch downloaded beside them, against the one row a
+    // lone request with logprobs needs.
     std::printf("\nDrawing the next tokens (decode, context %lld, medians of %d x %lld steps): ms per step\n\n",
                 static_cast<long long>(a.decode_contexts.front()), a.repeats, static_cast<long long>(a.decode_tokens));
-    std::printf("| batch | greedy, host | greedy, GPU | host / GPU | T=1 top-p 0.9, host | T=1 top-p 0.9, GPU | host / GPU |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("| batch | greedy, host | greedy, GPU | host / GPU | T=1 top-p 0.9, host | T=1 top-p 0.9, GPU | host / GPU "
+                "| greedy GPU + every row's logits | greedy GPU + one row's logits | every / one |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    enum class Draw { host, device, device_every_row, device_one_row };
     for (int64_t batch : a.batches) {
       const int64_t context = a.decode_contexts.front();
       const int64_t capacity = context + sampling_comparison_steps(a) + 8;
@@ -667,7 +671,10 @@ void run_cuda(const BenchArgs& a) {
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
       std::vector<int32_t> drawn;
-      std::string row = fmt::format("| {} ", batch);
+      std::vector<int64_t> every_row(static_cast<size_t>(batch));
+      std::iota(every_row.begin(), every_row.end(), int64_t{0});
+      const std::vector<int64_t> one_row{batch / 2};
+      std::string row = fmt::format("| {} ", batch), logit_rows_cells;
       for (const float temperature : {0.0f, 1.0f}) {
         const spin::SamplingParams params{.temperature = temperature, .top_p = temperature > 0.0f ? 0.9f : 1.0f,
                                           .seed = 1};
@@ -675,12 +682,15 @@ void run_cuda(const BenchArgs& a) {
         const std::vector<spin::DeviceSampling> device(
             static_cast<size_t>(batch),
             spin::DeviceSampling{.temperature = params.temperature, .top_p = params.top_p, .seed = 1});
-        auto step = [&](bool on_device) {
+        auto step = [&](Draw draw) {
           for (int64_t b = 0; b < batch; ++b) {
             chunks[b] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
           }
-          if (on_device) {
-            model->forward_sampled(chunks, device, c.vocab_size, false, logits, drawn);
+          if (draw != Draw::host) {
+            const std::span<const int64_t> rows = draw == Draw::device_every_row ? std::span<const int64_t>(every_row)
+                                                  : draw == Draw::device_one_row ? std::span<const int64_t>(one_row)
+                                                                                 : std::span<const int64_t>();
+            model->forward_sampled(chunks, device, c.vocab_size, rows, logits, drawn);
             std::copy(drawn.begin(), drawn.end(), ids.begin());
             return;
           }
@@ -689,21 +699,24 @@ void run_cuda(const BenchArgs& a) {
             ids[b] = samplers[b].sample(std::span<const float>(logits).subspan(b * c.vocab_size, c.vocab_size));
           }
         };
-        double ms[2] = {0.0, 0.0};
-        for (const bool on_device : {false, true}) {
-          step(on_device);  // eager, then the graph's capture
-          step(on_device);
+        const auto time_steps = [&](Draw draw) {
+          step(draw);  // eager, then the graph's capture
+          step(draw);
           std::vector<double> seconds;
           for (int r = 0; r < a.repeats; ++r) {
             const auto t = clock_type::now();
-            for (int64_t i = 0; i < a.decode_tokens; ++i) step(on_device);
+            for (int64_t i = 0; i < a.decode_tokens; ++i) step(draw);
             seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
           }
-          ms[on_device ? 1 : 0] = median(seconds) * 1e3;
-        }
-        row += fmt::format("| {:.2f} | {:.2f} | {:.2f} ", ms[0], ms[1], ms[0] / ms[1]);
+          return median(seconds) * 1e3;
+        };
+        const double host = time_steps(Draw::host), on_device = time_steps(Draw::device);
+        row += fmt::format("| {:.2f} | {:.2f} | {:.2f} ", host, on_device, host / on_device);
+        if (temperature > 0.0f) continue;
+        const double every = time_steps(Draw::device_every_row), one = time_steps(Draw::device_one_row);
+        logit_rows_cells = fmt::format("| {:.2f} | {:.2f} | {:.2f} ", every, one, every / one);
       }
-      std::printf("%s|\n", row.c_str());
+      std::printf("%s%s|\n", row.c_str(), logit_rows_cells.c_str());
       std::fflush(stdout);
     }
   }

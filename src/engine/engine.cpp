@@ -643,11 +643,11 @@ StepReport Engine::step() {
     for (const auto& [r, n] : scheduled) {
       all_logits |= r->params.prompt_logprobs >= 0 && r->prompt_logprobs_done < r->n_prompt - 1;
     }
-    // A model that draws on its device gets each request's sampling rule; it downloads the logits
-    // only when a request wants logprobs, or a logit bias or penalties, which the host's Sampler
-    // applies before it draws.
+    // A model that draws on its device gets each request's sampling rule; it downloads the logit
+    // rows of the requests that want logprobs, or a logit bias or penalties (which the host's
+    // Sampler applies before it draws), and no others.
     const bool draws_on_device = model_.samples_on_device() && !all_logits;
-    bool want_logits = false;
+    std::vector<int64_t> logit_rows;  // rows whose logits the host needs when the device draws
     std::vector<DeviceSampling> sampling;
     if (draws_on_device) {
       for (size_t i = 0; i < scheduled.size(); ++i) {
@@ -659,13 +659,15 @@ StepReport Engine::step() {
                                           .min_p = p.min_p,
                                           .seed = r.seed,
                                           .step = static_cast<uint64_t>(r.n_sampled)});
-        want_logits |= report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.adjusts_logits());
+        if (report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.adjusts_logits())) {
+          logit_rows.push_back(static_cast<int64_t>(i));
+        }
       }
     }
     forward_start = clock::now();
     try {
       if (draws_on_device) {
-        model_.forward_sampled(chunks, sampling, sampleable_vocab_, want_logits, logits_, drawn_);
+        model_.forward_sampled(chunks, sampling, sampleable_vocab_, logit_rows, logits_, drawn_);
       } else {
         model_.forward(chunks, all_logits, logits_);
       }
@@ -717,8 +719,9 @@ StepReport Engine::step() {
         requests_.erase(r.id);
         continue;
       }
-      const std::span<const float> logits =
-          !draws_on_device || want_logits ? row(last_row) : std::span<const float>();
+      const bool logits_here =
+          !draws_on_device || std::binary_search(logit_rows.begin(), logit_rows.end(), static_cast<int64_t>(i));
+      const std::span<const float> logits = logits_here ? row(last_row) : std::span<const float>();
       const bool drawn_on_device = draws_on_device && !r.params.sampling.adjusts_logits();
       sample_next(r, logits, drawn_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {

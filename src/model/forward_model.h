@@ -55,9 +55,11 @@ class ForwardModel {
   // ids to the host instead of [chunks, vocab] logits.
   virtual bool samples_on_device() const { return false; }
   // forward(chunks, false, logits), then tokens[i] drawn by sampling[i] from the first `vocab`
-  // logits of chunk i; `logits` is filled only when want_logits. Only where samples_on_device().
-  virtual void forward_sampled(std::span<const SequenceChunk>, std::span<const DeviceSampling>, int64_t, bool,
-                               std::vector<float>&, std::vector<int32_t>&) {
+  // logits of chunk i. Only the rows of the chunks in logit_rows (ascending) reach `logits`, each
+  // at its chunk's place ([chunks, vocab]); the other rows are left unspecified, and with no
+  // logit_rows `logits` is untouched. Only where samples_on_device().
+  virtual void forward_sampled(std::span<const SequenceChunk>, std::span<const DeviceSampling>, int64_t,
+                               std::span<const int64_t>, std::vector<float>&, std::vector<int32_t>&) {
     fail("this model draws tokens on the host (samples_on_device() is false)");
   }
   // Device models count their forwards; the CPU model has none to report.

@@ -226,18 +226,19 @@ void TensorParallelModel::forward(std::span<const SequenceChunk> chunks, bool al
 }
 
 void TensorParallelModel::forward_sampled(std::span<const SequenceChunk> chunks,
-                                          std::span<const DeviceSampling> sampling, int64_t vocab, bool want_logits,
-                                          std::vector<float>& logits, std::vector<int32_t>& tokens) {
+                                          std::span<const DeviceSampling> sampling, int64_t vocab,
+                                          std::span<const int64_t> logit_rows, std::vector<float>& logits,
+                                          std::vector<int32_t>& tokens) {
   split_chunks(chunks);
   if (links_.reset) links_.reset();
   threads_.run(
       [&](int r) {
-        ranks_[r]->forward_sampled(rank_chunks_[r], sampling, vocab, want_logits && r == 0, rank_logits_[r],
-                                   rank_tokens_[r]);
+        ranks_[r]->forward_sampled(rank_chunks_[r], sampling, vocab,
+                                   r == 0 ? logit_rows : std::span<const int64_t>(), rank_logits_[r], rank_tokens_[r]);
       },
       links_.abort);
   tokens.swap(rank_tokens_[0]);
-  if (want_logits) logits.swap(rank_logits_[0]);
+  if (!logit_rows.empty()) logits.swap(rank_logits_[0]);
 }
 
 namespace {

@@ -107,10 +107,11 @@ class TensorParallelModel final : public ForwardModel {
   // chunks' attention must be TensorParallelKv of this world size.
   void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
   // Every rank computes the same logits (replicated LM head) and draws the same tokens with the
-  // same rule; rank 0's come back, and only rank 0 downloads logits when asked to.
+  // same rule; rank 0's come back, and only rank 0 downloads the logit rows asked for.
   bool samples_on_device() const override { return ranks_.front()->samples_on_device(); }
   void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
-                       bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
+                       std::span<const int64_t> logit_rows, std::vector<float>& logits,
+                       std::vector<int32_t>& tokens) override;
   // Rank 0's: every rank runs the same steps.
   std::optional<ForwardStats> forward_stats() const override { return ranks_.front()->forward_stats(); }
 

@@ -2,12 +2,14 @@
 // on the CPU with a stand-in model: the tiny Transformer's logits and a draw rule the test knows.
 // Greedy rows take the argmax, so their tokens must be the plain greedy loop's; other rows take a
 // token that depends only on (seed, step), so the tokens show that the Engine passes each
-// request's own seed and counts its draws 0, 1, 2, ... whatever it is batched with. Logits come
-// down only in steps where a request that wants logprobs or penalties draws, and nothing reads them
-// otherwise.
+// request's own seed and counts its draws 0, 1, 2, ... whatever it is batched with. Logit rows
+// come down only for requests that want logprobs or penalties and draw in that step; every other
+// row is NaN, so an Engine that read one would put NaN in a logprob or a penalized draw.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -35,7 +37,8 @@ class DeviceDrawingModel final : public ForwardModel {
   }
   bool samples_on_device() const override { return true; }
   void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
-                       bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override {
+                       std::span<const int64_t> logit_rows, std::vector<float>& logits,
+                       std::vector<int32_t>& tokens) override {
     EXPECT_EQ(sampling.size(), chunks.size());
     EXPECT_EQ(vocab, config().vocab_size);
     model_.forward(chunks, false, all_);
@@ -47,14 +50,23 @@ class DeviceDrawingModel final : public ForwardModel {
                            ? static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin())
                            : keyed_draw(sampling[i].seed, sampling[i].step, vocab));
     }
-    logits.clear();
-    if (want_logits) logits = all_;
+    EXPECT_TRUE(std::is_sorted(logit_rows.begin(), logit_rows.end()));
+    if (!logit_rows.empty()) {
+      logits.assign(all_.size(), std::numeric_limits<float>::quiet_NaN());
+      for (const int64_t r : logit_rows) {
+        std::copy_n(all_.begin() + r * width, width, logits.begin() + r * width);
+      }
+    }
     ++steps;
-    logit_downloads += want_logits;
+    logit_downloads += !logit_rows.empty();
+    rows_downloaded += static_cast<int64_t>(logit_rows.size());
+    rows_drawn += static_cast<int64_t>(chunks.size());
   }
 
   int64_t steps = 0;
-  int64_t logit_downloads = 0;
+  int64_t logit_downloads = 0;  // steps that sent any logit row
+  int64_t rows_downloaded = 0;
+  int64_t rows_drawn = 0;
 
  private:
   Transformer& model_;
@@ -103,12 +115,14 @@ TEST(EngineDeviceSampling, SeedsStepsAndLogitsReachTheModel) {
   EXPECT_GT(model.logit_downloads, 0);
   EXPECT_LE(model.logit_downloads, steps_with_logprobs);
   EXPECT_LT(model.logit_downloads, model.steps);
+  EXPECT_EQ(model.rows_downloaded, model.logit_downloads) << "a step sent more rows than request 3's";
   const std::vector<TokenLogprob>& lp = c.last[ids[3]].logprobs;
   ASSERT_FALSE(c.last[ids[3]].token_ids.empty());
   ASSERT_FALSE(lp.empty());
   EXPECT_EQ(lp.back().id, c.last[ids[3]].token_ids.back());
   EXPECT_EQ(lp.back().top.size(), 2u);
   EXPECT_EQ(lp.back().top.front().first, lp.back().id) << "a greedy token is its own most likely";
+  for (const TokenLogprob& t : lp) EXPECT_TRUE(std::isfinite(t.logprob)) << "a logprob read a row never sent";
   EXPECT_TRUE(c.last[ids[0]].logprobs.empty());
 }
 
@@ -156,6 +170,8 @@ TEST(EngineDeviceSampling, PenalizedRequestsDrawOnTheHost) {
   for (uint64_t step = 0; step < 24; ++step) keyed_expect.push_back(keyed_draw(3, step, vocab));
   EXPECT_EQ(c.ids[b], keyed_expect);
   EXPECT_EQ(model.logit_downloads, model.steps) << "every step drew a penalized token";
+  EXPECT_EQ(model.rows_downloaded, model.steps) << "the keyed request's row came down too";
+  EXPECT_EQ(model.rows_drawn, 2 * model.steps);
 }
 
 }  // namespace

@@ -323,8 +323,9 @@ std::vector<EngineRun> run_sampled(ForwardModel& model, std::unique_ptr<Attentio
 }
 
 // The Engine on the CUDA model draws tokens on the GPU: greedy tokens are the host Sampler's from
-// the same logits; seeded draws repeat exactly, depend on the seed, and leave the greedy path; a
-// request that wants logprobs beside ones that do not gets them for the token drawn.
+// the same logits, and a middle request's logprobs equal the host's from all rows; seeded draws
+// repeat exactly, depend on the seed, and leave the greedy path; a request that wants logprobs
+// beside ones that do not gets them for the token drawn.
 TEST_F(CudaModelTest, EngineDrawsTokensOnTheDevice) {
   const ModelConfig c = small_config(true);
   const ModelWeights w = bf16_weights(c, 9);
@@ -338,12 +339,18 @@ TEST_F(CudaModelTest, EngineDrawsTokensOnTheDevice) {
   greedy.max_tokens = 24;
   greedy.ignore_eos = true;
   greedy.sampling.temperature = 0.0f;
-  const std::vector<RequestParams> all_greedy(prompts.size(), greedy);
+  std::vector<RequestParams> all_greedy(prompts.size(), greedy);
+  all_greedy[1].top_logprobs = 2;  // a middle row: only its logits come down, to their own place
   const auto on_device = run_sampled(model, kv(), prompts, all_greedy);
   const auto on_host = run_sampled(host, kv(), prompts, all_greedy);
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(on_device[i].tokens.size(), 24u) << "request " << i;
     EXPECT_EQ(on_device[i].tokens, on_host[i].tokens) << "request " << i << ": device argmax != host argmax";
+  }
+  ASSERT_EQ(on_device[1].logprobs.size(), on_host[1].logprobs.size());
+  for (size_t t = 0; t < on_host[1].logprobs.size(); ++t) {
+    EXPECT_EQ(on_device[1].logprobs[t].logprob, on_host[1].logprobs[t].logprob) << "token " << t;
+    EXPECT_EQ(on_device[1].logprobs[t].top, on_host[1].logprobs[t].top) << "token " << t;
   }
 
   std::vector<RequestParams> drawn(prompts.size(), greedy);

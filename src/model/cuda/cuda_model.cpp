@@ -256,7 +256,7 @@ void CudaModel::forward(std::span<const SequenceChunk> chunks, bool all_logits, 
 }
 
 void CudaModel::forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling,
-                                int64_t vocab, bool want_logits, std::vector<float>& logits,
+                                int64_t vocab, std::span<const int64_t> logit_rows, std::vector<float>& logits,
                                 std::vector<int32_t>& tokens) {
   SPIN_CHECK(sampling.size() == chunks.size(), "forward_sampled: {} sampling rows for {} chunks", sampling.size(),
              chunks.size());
@@ -287,7 +287,7 @@ void CudaModel::forward_sampled(std::span<const SequenceChunk> chunks, std::span
     cuda_check(cudaMemcpyAsync(sampled_host_.get(), sampled_.get(), n * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                stream_),
                "sampled tokens download");
-    if (want_logits) enqueue_logits_download(rows, logits);
+    if (!logit_rows.empty()) enqueue_logit_rows_download(rows, logit_rows, logits);
     wait_for_step();
     tokens.assign(sampled_host_.get(), sampled_host_.get() + n);
   } catch (...) {
@@ -307,6 +307,24 @@ void CudaModel::enqueue_logits_download(int64_t rows, std::vector<float>& logits
   cuda_check(cudaMemcpyAsync(logits.data(), logits_.get(), logits.size() * sizeof(float), cudaMemcpyDeviceToHost,
                              stream_),
              "logits download");
+}
+
+void CudaModel::enqueue_logit_rows_download(int64_t rows, std::span<const int64_t> wanted, std::vector<float>& logits) {
+  const int64_t vocab = config_.vocab_size;
+  logits.resize(static_cast<size_t>(rows * vocab));
+  // One copy per run of consecutive rows: a batch where every row wants its logits moves them in one.
+  for (size_t i = 0; i < wanted.size();) {
+    const int64_t first = wanted[i];
+    SPIN_CHECK(first >= 0 && first < rows && (i == 0 || first > wanted[i - 1]),
+               "logit rows must ascend within the step's {} rows (row {})", rows, first);
+    size_t end = i + 1;
+    while (end < wanted.size() && wanted[end] == wanted[end - 1] + 1 && wanted[end] < rows) ++end;
+    const int64_t n = wanted[end - 1] - first + 1;
+    cuda_check(cudaMemcpyAsync(logits.data() + first * vocab, logits_.get() + first * vocab,
+                               static_cast<size_t>(n * vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+               "logit rows download");
+    i = end;
+  }
 }
 
 int64_t CudaModel::enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits) {

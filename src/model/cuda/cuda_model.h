@@ -82,10 +82,11 @@ class CudaModel final : public ForwardModel {
   // chunks' attention must be DeviceSequenceKv of one store (spin::Error otherwise).
   void forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>& logits) override;
   // Draws the next tokens on the GPU (kernels/cuda/sampling.h): a step downloads token ids, and
-  // its logits only when asked for.
+  // only the logit rows asked for.
   bool samples_on_device() const override { return true; }
   void forward_sampled(std::span<const SequenceChunk> chunks, std::span<const DeviceSampling> sampling, int64_t vocab,
-                       bool want_logits, std::vector<float>& logits, std::vector<int32_t>& tokens) override;
+                       std::span<const int64_t> logit_rows, std::vector<float>& logits,
+                       std::vector<int32_t>& tokens) override;
 
   std::optional<ForwardStats> forward_stats() const override { return stats_; }
   // Benchmarks: turns CUDA graphs off or back on for the steps that follow (a step that records
@@ -113,6 +114,9 @@ class CudaModel final : public ForwardModel {
   int64_t enqueue_step(std::span<const SequenceChunk> chunks, bool all_logits);
   // Enqueues the copy of the first `rows` logit rows into `logits`.
   void enqueue_logits_download(int64_t rows, std::vector<float>& logits);
+  // Enqueues the copy of the `wanted` rows (ascending) of the step's `rows` into their places in
+  // `logits` (sized rows x vocab; the other rows are not written).
+  void enqueue_logit_rows_download(int64_t rows, std::span<const int64_t> wanted, std::vector<float>& logits);
   // Blocks until the stream's work is done, counting the wait in stats_.
   void wait_for_step();
   // Enqueues the whole forward for `rows` rows whose inputs were uploaded: embeddings, layers,
