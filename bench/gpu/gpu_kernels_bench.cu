@@ -11,7 +11,9 @@
 //     the page cache, attention) against dense attention over the whole context and against the
 //     ideal envelope of SPEC.md (attention over the selected pages + the pages Belady's optimal
 //     replacement would fetch, at the bulk host->device copy rate measured in the same run).
-// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step] [CSV file|-] [FILTER]
+// (f) overlap: one half-batch's decode attention that reads its misses over the host link, beside
+//     the other half's weight products on a second stream (rows `overlap`; see bench_overlap).
+// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap] [CSV file|-] [FILTER]
 // (FILTER: dense runs only the configs whose name contains it, e.g. "B1 ctx32K").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -35,6 +37,7 @@
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/sparse_select.h"
+#include "model/cuda/gemm.h"
 
 namespace {
 
@@ -168,6 +171,7 @@ void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
 struct Workload {
   int num_seqs, num_kv_heads, group, tokens;
   int copies;
+  int page;
   std::vector<int32_t*> ids, offsets, num_tokens;
   std::vector<__nv_bfloat16*> q, out;
 };
@@ -185,7 +189,7 @@ AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const
   p.num_kv_heads = w.num_kv_heads;
   p.group = w.group;
   p.head_dim = 128;
-  p.page_size = 16;
+  p.page_size = w.page;
   p.max_tokens = w.tokens;
   p.scale = 1.0f / std::sqrt(128.0f);
   p.tokens_per_split = tokens_per_split;
@@ -209,8 +213,8 @@ AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const
 
 // Builds the device-side lists: lists[c][item] = page ids of copy c.
 Workload make_workload(int num_seqs, int num_kv_heads, int group, int tokens, int copies,
-                       const std::vector<std::vector<std::vector<int32_t>>>& lists) {
-  Workload w{num_seqs, num_kv_heads, group, tokens, copies, {}, {}, {}, {}, {}};
+                       const std::vector<std::vector<std::vector<int32_t>>>& lists, int page = 16) {
+  Workload w{num_seqs, num_kv_heads, group, tokens, copies, page, {}, {}, {}, {}, {}};
   const int items = num_seqs * num_kv_heads;
   const size_t q_elems = static_cast<size_t>(num_seqs) * num_kv_heads * group * 128;
   for (int c = 0; c < copies; ++c) {
@@ -315,6 +319,24 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
           Workload ordered = make_workload(batch, kv_heads, group, context, copies, in_order);
           emit("order", config, "spin pages in physical order", run_attention(stream, pool, ordered, 0).time_us, bytes);
           free_workload(ordered);
+        }
+        // The same KV bytes in larger pages (`--block-size`), scattered the same way: fewer, longer
+        // contiguous runs per item.
+        for (int big : {32, 64}) {
+          const int per_item = context / big, ratio = big / page;
+          std::vector<int32_t> big_perm(pool_pages / ratio);
+          std::iota(big_perm.begin(), big_perm.end(), 0);
+          std::shuffle(big_perm.begin(), big_perm.end(), rng);
+          std::vector<std::vector<std::vector<int32_t>>> big_lists(copies, std::vector<std::vector<int32_t>>(items));
+          size_t at = 0;
+          for (int c = 0; c < copies; ++c)
+            for (int i = 0; i < items; ++i) {
+              big_lists[c][i].assign(big_perm.begin() + at, big_perm.begin() + at + per_item);
+              at += per_item;
+            }
+          Workload wb = make_workload(batch, kv_heads, group, context, copies, big_lists, big);
+          emit("dense", config, "spin page " + std::to_string(big), run_attention(stream, pool, wb, 0).time_us, bytes);
+          free_workload(wb);
         }
         free_workload(w);
         cudaFree(pool);
@@ -904,6 +926,181 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
   (void)rng;
 }
 
+// (f) Can a fetch-bound decode batch gain by running as two halves, one half's attention reading
+// its cache misses over the host link while the other half's products read the weights from HBM?
+// One Qwen3-14B layer at 8 rows a half: the decode attention over 64 (row, KV head) lists of 32
+// pages of 16 tokens, 60% of them read from mapped pinned host memory and written into their
+// device slots (fill pages, as the store's Quest and Seer steps run it), and the layer's four
+// products (qkv, o, gate_up, down) at 8 rows. Timed alone, one after the other on one stream, and
+// on two streams at once; the attention also with one block per list (fewer SMs held while they
+// wait on the link). Lists rotate over 16 copies (160 MB of host pages) so no copy is in L2.
+void bench_overlap(cudaStream_t stream, std::mt19937& rng) {
+  const int rows = 8, kv_heads = 8, group = 5, d = 128, page = 16, pages_per_item = 32, copies = 16;
+  const int64_t hidden = 5120, ffn = 17408, qkv_out = (kv_heads * group + 2 * kv_heads) * d;
+  const int items = rows * kv_heads;
+  const size_t page_elems = size_t{2} * page * d, page_bytes = page_elems * 2;
+  const size_t pool_pages = static_cast<size_t>(copies) * items * pages_per_item;
+  __nv_bfloat16* pool = nullptr;
+  CHECK_CUDA(cudaMalloc(&pool, pool_pages * page_bytes));
+  fill(pool, pool_pages * page_elems, 11);
+  __nv_bfloat16* host = nullptr;
+  CHECK_CUDA(cudaHostAlloc(&host, pool_pages * page_bytes, cudaHostAllocMapped));
+  std::memset(host, 0x3c, pool_pages * page_bytes);  // small finite bf16 values
+  __nv_bfloat16* host_dev = nullptr;
+  CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0));
+
+  // Copy c's lists: page k = (c * items + i) * pages_per_item + j, a miss (host page k, filled into
+  // device page k) with probability 0.6, else a hit (device page k).
+  std::bernoulli_distribution miss(0.6);
+  std::vector<int32_t*> ids(copies), fills(copies), offsets(copies), tokens(copies), missed(copies);
+  std::vector<int> missed_count(copies);
+  size_t misses = 0;
+  for (int c = 0; c < copies; ++c) {
+    std::vector<int32_t> id, fl, off{0}, tok(items, pages_per_item * page), ms;
+    for (int i = 0; i < items; ++i) {
+      for (int j = 0; j < pages_per_item; ++j) {
+        const int32_t k = (c * items + i) * pages_per_item + j;
+        const bool m = miss(rng);
+        misses += m;
+        id.push_back(m ? ~k : k);
+        fl.push_back(m ? k : -1);
+        if (m) ms.push_back(k);
+      }
+      off.push_back(static_cast<int32_t>(id.size()));
+    }
+    missed_count[c] = static_cast<int>(ms.size());
+    for (auto [dst, src] : {std::pair{&ids[c], &id}, {&fills[c], &fl}, {&offsets[c], &off}, {&tokens[c], &tok},
+                            {&missed[c], &ms}}) {
+      CHECK_CUDA(cudaMalloc(dst, src->size() * 4));
+      CHECK_CUDA(cudaMemcpy(*dst, src->data(), src->size() * 4, cudaMemcpyHostToDevice));
+    }
+  }
+  const double fetched = static_cast<double>(misses) / copies * page_bytes;  // per call
+  __nv_bfloat16 *q, *att_out;
+  CHECK_CUDA(cudaMalloc(&q, size_t{2} * rows * kv_heads * group * d));
+  CHECK_CUDA(cudaMalloc(&att_out, size_t{2} * rows * kv_heads * group * d));
+  fill(q, size_t{1} * rows * kv_heads * group * d, 12);
+
+  struct Product { int64_t out, in; };
+  const Product products[] = {{qkv_out, hidden}, {hidden, kv_heads * group * d}, {2 * ffn, hidden}, {hidden, ffn}};
+  std::vector<__nv_bfloat16*> weights, ins, outs;
+  double weight_bytes = 0;
+  for (const Product& p : products) {
+    __nv_bfloat16 *w, *x, *y;
+    CHECK_CUDA(cudaMalloc(&w, size_t{2} * p.out * p.in));
+    CHECK_CUDA(cudaMalloc(&x, size_t{2} * rows * p.in));
+    CHECK_CUDA(cudaMalloc(&y, size_t{2} * rows * p.out));
+    fill(w, static_cast<size_t>(p.out * p.in), 13);
+    fill(x, static_cast<size_t>(rows * p.in), 14);
+    weights.push_back(w), ins.push_back(x), outs.push_back(y);
+    weight_bytes += 2.0 * p.out * p.in;
+  }
+  spin::GemmRunner gemm_main, gemm_side;  // one per stream: each has its own workspace
+  cudaStream_t side;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+
+  spin::cuda::PagedDecodeParams p;
+  p.kv_pool = pool;
+  p.host_pool = host_dev;
+  p.fill_pool = pool;
+  p.num_seqs = rows;
+  p.num_kv_heads = kv_heads;
+  p.group = group;
+  p.head_dim = d;
+  p.page_size = page;
+  p.max_tokens = pages_per_item * page;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  p.q = q;
+  size_t ws_bytes = 0;
+  for (int tps : {0, pages_per_item * page}) {
+    p.tokens_per_split = tps;
+    ws_bytes = std::max(ws_bytes, spin::cuda::paged_decode_workspace_bytes(p));
+  }
+  void* ws = nullptr;
+  if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+  const auto attention = [&](int i, int tokens_per_split, cudaStream_t s) {
+    spin::cuda::PagedDecodeParams pc = p;
+    const int c = i % copies;
+    pc.page_ids = ids[c];
+    pc.fill_pages = fills[c];
+    pc.list_offsets = offsets[c];
+    pc.num_tokens = tokens[c];
+    pc.tokens_per_split = tokens_per_split;
+    CHECK_CUDA(spin::cuda::paged_decode_attention(pc, att_out, ws, ws_bytes, s));
+  };
+  const auto layer_products = [&](spin::GemmRunner& g, cudaStream_t s) {
+    for (size_t k = 0; k < weights.size(); ++k)
+      g.matmul_nt(ins[k], weights[k], outs[k], rows, products[k].out, products[k].in, s);
+  };
+  // Eager first calls: cuBLASLt picks its algorithms and loads its kernels outside the captures.
+  layer_products(gemm_main, stream);
+  layer_products(gemm_side, side);
+  attention(0, 0, stream);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  const int calls = 8;
+  const std::string config = "qwen3-14b layer, 2 x 8 rows";
+  emit("overlap", config, "products alone", time_graph(stream, calls, [&](int) { layer_products(gemm_main, stream); }),
+       weight_bytes);
+  for (int tps : {0, pages_per_item * page}) {
+    const std::string grid = tps == 0 ? "auto splits" : "one block per list";
+    emit("overlap", config, "attention alone, " + grid,
+         time_graph(stream, calls, [&](int i) { attention(i, tps, stream); }), fetched);
+    emit("overlap", config, "one stream, " + grid, time_graph(stream, calls, [&](int i) {
+           attention(i, tps, stream);
+           layer_products(gemm_main, stream);
+         }),
+         fetched + weight_bytes);
+    emit("overlap", config, "two streams, " + grid, time_graph(stream, calls, [&](int i) {
+           CHECK_CUDA(cudaEventRecord(fork, stream));
+           CHECK_CUDA(cudaStreamWaitEvent(side, fork));
+           attention(i, tps, stream);
+           layer_products(gemm_side, side);
+           CHECK_CUDA(cudaEventRecord(join, side));
+           CHECK_CUDA(cudaStreamWaitEvent(stream, join));
+         }),
+         fetched + weight_bytes);
+  }
+  // The misses fetched apart, by the Retrieve gather on at most 16 SMs (host page k into device
+  // page k), beside the products: the copy holds few SMs while it waits on the link.
+  const auto gather = [&](int i, cudaStream_t s) {
+    const int c = i % copies;
+    CHECK_CUDA(spin::cuda::gather_pages(host_dev, pool, missed[c], missed[c], missed_count[c], page_bytes, 16, s));
+  };
+  emit("overlap", config, "gather alone, 16 SMs", time_graph(stream, calls, [&](int i) { gather(i, stream); }),
+       fetched);
+  emit("overlap", config, "one stream, gather 16 SMs", time_graph(stream, calls, [&](int i) {
+         gather(i, stream);
+         layer_products(gemm_main, stream);
+       }),
+       fetched + weight_bytes);
+  emit("overlap", config, "two streams, gather 16 SMs", time_graph(stream, calls, [&](int i) {
+         CHECK_CUDA(cudaEventRecord(fork, stream));
+         CHECK_CUDA(cudaStreamWaitEvent(side, fork));
+         gather(i, stream);
+         layer_products(gemm_side, side);
+         CHECK_CUDA(cudaEventRecord(join, side));
+         CHECK_CUDA(cudaStreamWaitEvent(stream, join));
+       }),
+       fetched + weight_bytes);
+  std::printf("  (%.1f MB fetched per attention call, %.0f MB of weights per layer)\n", fetched / 1e6,
+              weight_bytes / 1e6);
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(side);
+  for (auto* v : {&weights, &ins, &outs})
+    for (__nv_bfloat16* ptr : *v) cudaFree(ptr);
+  for (auto* v : {&ids, &fills, &offsets, &tokens, &missed})
+    for (int32_t* ptr : *v) cudaFree(ptr);
+  cudaFree(ws);
+  cudaFree(q);
+  cudaFree(att_out);
+  cudaFreeHost(host);
+  cudaFree(pool);
+}
+
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "all";
   const char* csv_path = argc > 2 && std::strcmp(argv[2], "-") != 0 ? argv[2] : nullptr;
@@ -922,6 +1119,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "gather") bench_gather(stream, rng);
   if (what == "all" || what == "prefill") bench_prefill(stream, rng);
   if (what == "all" || what == "step") bench_step(stream, rng);
+  if (what == "all" || what == "overlap") bench_overlap(stream, rng);
   if (csv_path) std::fclose(g_csv);
   return 0;
 }

@@ -52,11 +52,14 @@ def main():
     for r in rows:
         if r["bench"] == "dense" and r["config"] not in configs:
             configs.append(r["config"])
-    print("\n| dense decode attention (bf16, d128, page 16) | spin GB/s | cuDNN GB/s | flash GB/s | spin/cuDNN | spin/flash |")
-    print("|---|---|---|---|---|---|")
+    print("\n| dense decode attention (bf16, d128) | spin GB/s, page 16 | page 32 | page 64 | cuDNN GB/s | flash GB/s "
+          "| spin/cuDNN, page 16 | page 32 | page 64 | spin/flash, page 16 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for c in configs:
-        s, cu, fl = get("dense", c, "spin"), get("dense", c, "torch cudnn"), get("dense", c, "torch flash")
-        print(f"| {c} | {fmt(s)} | {fmt(cu)} | {fmt(fl)} | {ratio(s, cu)} | {ratio(s, fl)} |")
+        s, s32, s64 = by.get(("dense", c, "spin")), by.get(("dense", c, "spin page 32")), by.get(("dense", c, "spin page 64"))
+        cu, fl = get("dense", c, "torch cudnn"), get("dense", c, "torch flash")
+        print(f"| {c} | {fmt(s)} | {fmt(s32)} | {fmt(s64)} | {fmt(cu)} | {fmt(fl)} | {ratio(s, cu)} | {ratio(s32, cu)} "
+              f"| {ratio(s64, cu)} | {ratio(s, fl)} |")
 
     # Prefill rows carry GFLOP/s in the gbps column (see gpu_kernels_bench.cu).
     times = {(r["bench"], r["config"], r["variant"]): float(r["time_us"]) for r in rows}
