@@ -181,17 +181,25 @@ struct AttentionRun {
   int splits;
 };
 
-AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const Workload& w,
-                           int tokens_per_split, int load_path = -1) {
+// Decode attention over `pool` for seqs x kv_heads lists of at most max_tokens tokens, softmax
+// scale 1/sqrt(d); lists and queries are the caller's to set.
+spin::cuda::PagedDecodeParams decode_params(const __nv_bfloat16* pool, int seqs, int kv_heads, int group, int d,
+                                            int page, int max_tokens) {
   spin::cuda::PagedDecodeParams p;
   p.kv_pool = pool;
-  p.num_seqs = w.num_seqs;
-  p.num_kv_heads = w.num_kv_heads;
-  p.group = w.group;
-  p.head_dim = 128;
-  p.page_size = w.page;
-  p.max_tokens = w.tokens;
-  p.scale = 1.0f / std::sqrt(128.0f);
+  p.num_seqs = seqs;
+  p.num_kv_heads = kv_heads;
+  p.group = group;
+  p.head_dim = d;
+  p.page_size = page;
+  p.max_tokens = max_tokens;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  return p;
+}
+
+AttentionRun run_attention(cudaStream_t stream, const __nv_bfloat16* pool, const Workload& w,
+                           int tokens_per_split, int load_path = -1) {
+  spin::cuda::PagedDecodeParams p = decode_params(pool, w.num_seqs, w.num_kv_heads, w.group, 128, w.page, w.tokens);
   p.tokens_per_split = tokens_per_split;
   p.load_path = load_path;
   const size_t ws_bytes = spin::cuda::paged_decode_workspace_bytes(p);
@@ -253,6 +261,23 @@ void free_workload(Workload& w) {
   }
 }
 
+// Lists of `per_item` pages for `copies` x `items` lists, every page of a pool of `pool_pages` at most
+// once, in a random physical order (as a page allocator hands them out).
+std::vector<std::vector<std::vector<int32_t>>> scattered_lists(size_t pool_pages, int copies, int items, int per_item,
+                                                               std::mt19937& rng) {
+  std::vector<int32_t> perm(pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<std::vector<int32_t>>> lists(copies, std::vector<std::vector<int32_t>>(items));
+  size_t next = 0;
+  for (int c = 0; c < copies; ++c)
+    for (int i = 0; i < items; ++i) {
+      lists[c][i].assign(perm.begin() + next, perm.begin() + next + per_item);
+      next += per_item;
+    }
+  return lists;
+}
+
 // (a) dense: every page of a context, in a random physical order (as a page allocator hands them
 // out). Bytes counted: K + V read, q read, out written (bf16).
 void bench_dense(cudaStream_t stream, std::mt19937& rng) {
@@ -274,17 +299,8 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
         __nv_bfloat16* pool = nullptr;
         CHECK_CUDA(cudaMalloc(&pool, pool_pages * page_bytes));
         fill(pool, pool_pages * page_bytes / 2, 7);
-        std::vector<int32_t> perm(pool_pages);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        std::vector<std::vector<std::vector<int32_t>>> lists(copies, std::vector<std::vector<int32_t>>(items));
-        size_t next = 0;
-        for (int c = 0; c < copies; ++c)
-          for (int i = 0; i < items; ++i) {
-            lists[c][i].assign(perm.begin() + next, perm.begin() + next + pages_per_item);
-            next += pages_per_item;
-          }
-        Workload w = make_workload(batch, kv_heads, group, context, copies, lists);
+        Workload w = make_workload(batch, kv_heads, group, context, copies,
+                                   scattered_lists(pool_pages, copies, items, pages_per_item, rng));
         const double bytes = static_cast<double>(kv_bytes) + 2.0 * items * group * d * 2;
         const AttentionRun a = run_attention(stream, pool, w, 0);
         emit("dense", config, "spin", a.time_us, bytes);
@@ -323,18 +339,8 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
         // The same KV bytes in larger pages (`--block-size`), scattered the same way: fewer, longer
         // contiguous runs per item.
         for (int big : {32, 64}) {
-          const int per_item = context / big, ratio = big / page;
-          std::vector<int32_t> big_perm(pool_pages / ratio);
-          std::iota(big_perm.begin(), big_perm.end(), 0);
-          std::shuffle(big_perm.begin(), big_perm.end(), rng);
-          std::vector<std::vector<std::vector<int32_t>>> big_lists(copies, std::vector<std::vector<int32_t>>(items));
-          size_t at = 0;
-          for (int c = 0; c < copies; ++c)
-            for (int i = 0; i < items; ++i) {
-              big_lists[c][i].assign(big_perm.begin() + at, big_perm.begin() + at + per_item);
-              at += per_item;
-            }
-          Workload wb = make_workload(batch, kv_heads, group, context, copies, big_lists, big);
+          Workload wb = make_workload(batch, kv_heads, group, context, copies,
+                                      scattered_lists(pool_pages * page / big, copies, items, context / big, rng), big);
           emit("dense", config, "spin page " + std::to_string(big), run_attention(stream, pool, wb, 0).time_us, bytes);
           free_workload(wb);
         }
@@ -805,19 +811,11 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       pc.out_offsets = d_out_off;
       pc.counters = d_counters;
       pc.error = d_error;
-      sc::PagedDecodeParams ap;
+      sc::PagedDecodeParams ap = decode_params(pool, batch, heads, group, d, page, list_len * page);
       ap.q = d_q;
-      ap.kv_pool = pool;
       ap.page_ids = d_list;
       ap.list_offsets = d_list_off;
       ap.num_tokens = d_ntok;
-      ap.num_seqs = batch;
-      ap.num_kv_heads = heads;
-      ap.group = group;
-      ap.head_dim = d;
-      ap.page_size = page;
-      ap.max_tokens = list_len * page;
-      ap.scale = 1.0f / std::sqrt(static_cast<float>(d));
       const size_t ws_bytes = sc::paged_decode_workspace_bytes(ap);
       void* ws = nullptr;
       if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
@@ -1002,17 +1000,9 @@ void bench_overlap(cudaStream_t stream, std::mt19937& rng) {
   CHECK_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   CHECK_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
 
-  spin::cuda::PagedDecodeParams p;
-  p.kv_pool = pool;
+  spin::cuda::PagedDecodeParams p = decode_params(pool, rows, kv_heads, group, d, page, pages_per_item * page);
   p.host_pool = host_dev;
   p.fill_pool = pool;
-  p.num_seqs = rows;
-  p.num_kv_heads = kv_heads;
-  p.group = group;
-  p.head_dim = d;
-  p.page_size = page;
-  p.max_tokens = pages_per_item * page;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
   p.q = q;
   size_t ws_bytes = 0;
   for (int tps : {0, pages_per_item * page}) {
