@@ -1034,47 +1034,35 @@ void bench_overlap(cudaStream_t stream, std::mt19937& rng) {
   const std::string config = "qwen3-14b layer, 2 x 8 rows";
   emit("overlap", config, "products alone", time_graph(stream, calls, [&](int) { layer_products(gemm_main, stream); }),
        weight_bytes);
-  for (int tps : {0, pages_per_item * page}) {
-    const std::string grid = tps == 0 ? "auto splits" : "one block per list";
-    emit("overlap", config, "attention alone, " + grid,
-         time_graph(stream, calls, [&](int i) { attention(i, tps, stream); }), fetched);
-    emit("overlap", config, "one stream, " + grid, time_graph(stream, calls, [&](int i) {
-           attention(i, tps, stream);
+  // The misses fetched apart, by the Retrieve gather on at most 16 SMs (host page k into device
+  // page k): the copy holds few SMs while it waits on the link.
+  const auto gather = [&](int i, cudaStream_t s) {
+    const int c = i % copies;
+    CHECK_CUDA(spin::cuda::gather_pages(host_dev, pool, missed[c], missed[c], missed_count[c], page_bytes, 16, s));
+  };
+  const std::pair<std::string, std::function<void(int, cudaStream_t)>> fetches[] = {
+      {"attention, auto splits", [&](int i, cudaStream_t s) { attention(i, 0, s); }},
+      {"attention, one block per list", [&](int i, cudaStream_t s) { attention(i, pages_per_item * page, s); }},
+      {"gather 16 SMs", gather}};
+  for (const auto& entry : fetches) {
+    const std::string& name = entry.first;
+    const auto& fetch = entry.second;
+    emit("overlap", config, name + " alone", time_graph(stream, calls, [&](int i) { fetch(i, stream); }), fetched);
+    emit("overlap", config, "one stream, " + name, time_graph(stream, calls, [&](int i) {
+           fetch(i, stream);
            layer_products(gemm_main, stream);
          }),
          fetched + weight_bytes);
-    emit("overlap", config, "two streams, " + grid, time_graph(stream, calls, [&](int i) {
+    emit("overlap", config, "two streams, " + name, time_graph(stream, calls, [&](int i) {
            CHECK_CUDA(cudaEventRecord(fork, stream));
            CHECK_CUDA(cudaStreamWaitEvent(side, fork));
-           attention(i, tps, stream);
+           fetch(i, stream);
            layer_products(gemm_side, side);
            CHECK_CUDA(cudaEventRecord(join, side));
            CHECK_CUDA(cudaStreamWaitEvent(stream, join));
          }),
          fetched + weight_bytes);
   }
-  // The misses fetched apart, by the Retrieve gather on at most 16 SMs (host page k into device
-  // page k), beside the products: the copy holds few SMs while it waits on the link.
-  const auto gather = [&](int i, cudaStream_t s) {
-    const int c = i % copies;
-    CHECK_CUDA(spin::cuda::gather_pages(host_dev, pool, missed[c], missed[c], missed_count[c], page_bytes, 16, s));
-  };
-  emit("overlap", config, "gather alone, 16 SMs", time_graph(stream, calls, [&](int i) { gather(i, stream); }),
-       fetched);
-  emit("overlap", config, "one stream, gather 16 SMs", time_graph(stream, calls, [&](int i) {
-         gather(i, stream);
-         layer_products(gemm_main, stream);
-       }),
-       fetched + weight_bytes);
-  emit("overlap", config, "two streams, gather 16 SMs", time_graph(stream, calls, [&](int i) {
-         CHECK_CUDA(cudaEventRecord(fork, stream));
-         CHECK_CUDA(cudaStreamWaitEvent(side, fork));
-         gather(i, stream);
-         layer_products(gemm_side, side);
-         CHECK_CUDA(cudaEventRecord(join, side));
-         CHECK_CUDA(cudaStreamWaitEvent(stream, join));
-       }),
-       fetched + weight_bytes);
   std::printf("  (%.1f MB fetched per attention call, %.0f MB of weights per layer)\n", fetched / 1e6,
               weight_bytes / 1e6);
   cudaEventDestroy(fork);

@@ -647,6 +647,11 @@ StepReport Engine::step() {
     // rows of the requests that want logprobs, or a logit bias or penalties (which the host's
     // Sampler applies before it draws), and no others.
     const bool draws_on_device = model_.samples_on_device() && !all_logits;
+    const auto host_needs_logits = [&](size_t i) {
+      const Request& r = *scheduled[i].first;
+      return !draws_on_device ||
+             (report.chunks[i].samples && (r.params.top_logprobs >= 0 || r.params.sampling.adjusts_logits()));
+    };
     std::vector<int64_t> logit_rows;  // rows whose logits the host needs when the device draws
     std::vector<DeviceSampling> sampling;
     if (draws_on_device) {
@@ -659,9 +664,7 @@ StepReport Engine::step() {
                                           .min_p = p.min_p,
                                           .seed = r.seed,
                                           .step = static_cast<uint64_t>(r.n_sampled)});
-        if (report.chunks[i].samples && (r.params.top_logprobs >= 0 || p.adjusts_logits())) {
-          logit_rows.push_back(static_cast<int64_t>(i));
-        }
+        if (host_needs_logits(i)) logit_rows.push_back(static_cast<int64_t>(i));
       }
     }
     forward_start = clock::now();
@@ -719,9 +722,7 @@ StepReport Engine::step() {
         requests_.erase(r.id);
         continue;
       }
-      const bool logits_here =
-          !draws_on_device || std::binary_search(logit_rows.begin(), logit_rows.end(), static_cast<int64_t>(i));
-      const std::span<const float> logits = logits_here ? row(last_row) : std::span<const float>();
+      const std::span<const float> logits = host_needs_logits(i) ? row(last_row) : std::span<const float>();
       const bool drawn_on_device = draws_on_device && !r.params.sampling.adjusts_logits();
       sample_next(r, logits, drawn_on_device ? std::optional<int32_t>(drawn_[i]) : std::nullopt, out);
       if (out.finished) {

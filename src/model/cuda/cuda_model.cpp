@@ -314,12 +314,11 @@ void CudaModel::enqueue_logit_rows_download(int64_t rows, std::span<const int64_
   logits.resize(static_cast<size_t>(rows * vocab));
   // One copy per run of consecutive rows: a batch where every row wants its logits moves them in one.
   for (size_t i = 0; i < wanted.size();) {
-    const int64_t first = wanted[i];
-    SPIN_CHECK(first >= 0 && first < rows && (i == 0 || first > wanted[i - 1]),
-               "logit rows must ascend within the step's {} rows (row {})", rows, first);
     size_t end = i + 1;
-    while (end < wanted.size() && wanted[end] == wanted[end - 1] + 1 && wanted[end] < rows) ++end;
-    const int64_t n = wanted[end - 1] - first + 1;
+    while (end < wanted.size() && wanted[end] == wanted[end - 1] + 1) ++end;
+    const int64_t first = wanted[i], n = wanted[end - 1] - first + 1;
+    SPIN_CHECK(first >= 0 && first + n <= rows && (i == 0 || first > wanted[i - 1]),
+               "logit rows must ascend within the step's {} rows (rows {}..{})", rows, first, first + n - 1);
     cuda_check(cudaMemcpyAsync(logits.data() + first * vocab, logits_.get() + first * vocab,
                                static_cast<size_t>(n * vocab) * sizeof(float), cudaMemcpyDeviceToHost, stream_),
                "logit rows download");
