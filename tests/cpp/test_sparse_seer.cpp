@@ -46,7 +46,11 @@ std::string write_gates(const std::vector<std::vector<float>>& k_gate,
   const char* tmp = std::getenv("SPIN_TEST_TMP");
   const std::filesystem::path dir = tmp ? tmp : std::filesystem::temp_directory_path().string();
   std::filesystem::create_directories(dir);
-  const std::string path = (dir / (bad_shape ? "seer_gate_bad.safetensors" : "seer_gate.safetensors")).string();
+  // Named after the running test: ctest runs tests as parallel processes, and two that shared one
+  // file read each other's half-written gates.
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::string path =
+      (dir / ("seer_gate_" + test + (bad_shape ? "_bad" : "") + ".safetensors")).string();
   std::ofstream out(path, std::ios::binary);
   const uint64_t n = json.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
