@@ -1,7 +1,7 @@
 // Forward-pass benchmark, next to the physical bound of the same run.
 // --device cpu: prefill tok/s at a few prompt lengths and decode tok/s of one sequence; the decode
-//   bound is fp32 weight bytes read per token ÷ the read bandwidth of all the model's threads,
-//   measured in the same run.
+//   bound is the weight bytes read per token (a GGUF's Q4_1 / Q8_0 blocks where the products read
+//   them, else fp32) ÷ the read bandwidth of all the model's threads, measured in the same run.
 // --device cuda: the bf16 CudaModel on its paged device KV store. Prefill tok/s, and decode tok/s
 //   for each batch size x context length; the bound of a decode step is the bytes it must read
 //   (bf16 weights + every sequence's K and V) ÷ device-to-device cudaMemcpy bandwidth measured in
@@ -43,6 +43,7 @@
 
 #include "base/error.h"
 #include "engine/sampler.h"
+#include "kernels/cpu/block_matmul.h"
 #include "kernels/cpu/ops.h"
 #include "model/contiguous_attention.h"
 #include "model/loader.h"
@@ -133,6 +134,22 @@ spin::LoadOptions load_options(const BenchArgs& a) {
   return load;
 }
 
+// Weight bytes one decode step reads: every matrix once, as its products read it (the GGUF's
+// blocks where it has them and this CPU runs them, else fp32), and the norms; the embedding table
+// contributes one row unless it doubles as the LM head.
+double decode_weight_bytes(const spin::ModelWeights& w) {
+  const auto matrix = [](const spin::Matrix& m) {
+    return !m.blocks.empty() && spin::cpu::block_matmul_supported() ? static_cast<double>(m.blocks.size())
+                                                                    : 4.0 * static_cast<double>(m.data.size());
+  };
+  double bytes = 4.0 * static_cast<double>(w.out_norm.size());
+  for (const spin::LayerWeights& l : w.layers) {
+    for (const spin::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) bytes += matrix(*m);
+    bytes += 4.0 * static_cast<double>(l.attn_norm.size() + l.ffn_norm.size() + l.q_norm.size() + l.k_norm.size());
+  }
+  return bytes + (w.lm_head.empty() ? matrix(w.tok_embd) : matrix(w.lm_head) + 4.0 * static_cast<double>(w.tok_embd.cols));
+}
+
 void run_cpu(const BenchArgs& a) {
   spin::cpu::set_num_threads(a.threads);
   spin::LoadedModel model = spin::load_model(load_options(a));
@@ -192,14 +209,10 @@ void run_cpu(const BenchArgs& a) {
   }
   const double decode = decode_rates.front();
 
-  // Weight bytes one decode step reads: every matrix once (fp32), plus norms; the embedding
-  // table contributes one row unless it doubles as the LM head.
-  const int64_t params = c.parameter_count();
-  const int64_t embedding_not_read = c.tie_embeddings ? 0 : (c.vocab_size - 1) * c.hidden_size;
-  const double weight_bytes = 4.0 * static_cast<double>(params - embedding_not_read);
+  const double weight_bytes = decode_weight_bytes(model.weights);
   const double bandwidth = read_bandwidth(size_t{1} << 30, 7);
   const double bound = bandwidth / weight_bytes;
-  std::printf("| fp32 weight bytes read per token | %.1f MB |\n", weight_bytes / 1e6);
+  std::printf("| weight bytes read per token | %.1f MB |\n", weight_bytes / 1e6);
   std::printf("| read bandwidth (%d threads, 1 GiB, median of 7) | %.2f GB/s |\n", spin::cpu::num_threads(),
               bandwidth / 1e9);
   std::printf("| decode bound = bandwidth / weight bytes (tok/s) | %.1f |\n", bound);

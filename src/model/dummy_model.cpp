@@ -141,7 +141,10 @@ class DummyFiller {
 
   // Standard deviation 1/sqrt(fan_in) keeps each projection's output at the scale of its input.
   Matrix matrix(int64_t rows, int64_t cols) {
-    Matrix m{rows, cols, std::vector<float>(static_cast<size_t>(rows * cols))};
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.data.resize(static_cast<size_t>(rows * cols));
     fill_uniform(m.data, seed_, next_id_++, 0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
     return m;
   }

@@ -1,5 +1,6 @@
 // GGUF -> ModelConfig and ModelWeights for the Llama family (llama.cpp's key and tensor names).
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,11 +66,19 @@ const GgufTensorInfo& require_tensor(const GgufFile& gguf, const std::string& na
   return *info;
 }
 
-// A job that dequantizes one tensor into its destination.
+// A job that dequantizes one tensor into its destination; a matrix also keeps the blocks of the
+// formats the CPU's products read directly.
 struct TensorLoad {
   const GgufTensorInfo* info;
   std::vector<float>* dst;
+  Matrix* matrix = nullptr;
 };
+
+std::optional<cpu::BlockFormat> block_format(GgmlType type) {
+  if (type == GgmlType::Q4_1) return cpu::BlockFormat::q4_1;
+  if (type == GgmlType::Q8_0) return cpu::BlockFormat::q8_0;
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -177,7 +186,7 @@ ModelWeights load_gguf_weights(const GgufFile& gguf) {
   std::vector<TensorLoad> loads;
   auto matrix = [&](const std::string& name, Matrix& m, uint64_t rows, uint64_t cols) {
     // ggml dims are fastest-first: an [out, in] matrix is stored as dims {in, out}.
-    loads.push_back({&require_tensor(gguf, name, {cols, rows}), &m.data});
+    loads.push_back({&require_tensor(gguf, name, {cols, rows}), &m.data, &m});
     m.rows = static_cast<int64_t>(rows);
     m.cols = static_cast<int64_t>(cols);
   };
@@ -216,6 +225,12 @@ ModelWeights load_gguf_weights(const GgufFile& gguf) {
   for (int64_t i = 0; i < n_loads; ++i) {
     const TensorLoad& load = loads[static_cast<size_t>(i)];
     *load.dst = gguf.dequantize(*load.info);
+    if (load.matrix == nullptr) continue;
+    if (const auto format = block_format(load.info->type)) {
+      const uint8_t* bytes = gguf.tensor_data(*load.info);
+      load.matrix->blocks.assign(bytes, bytes + load.info->n_bytes);
+      load.matrix->block_format = *format;
+    }
   }
   w.validate_shapes();
   return w;

@@ -357,7 +357,11 @@ class WeightReader {
                    shape[1] == static_cast<uint64_t>(cols),
                "HF model '{}': tensor '{}' has shape {}, expected [{}, {}]", dir_, name,
                shape_string(shape), rows, cols);
-    return Matrix{rows, cols, e.file->to_f32(*e.info)};
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = e.file->to_f32(*e.info);
+    return m;
   }
 
   std::vector<float> vector(const std::string& name, int64_t n) const {

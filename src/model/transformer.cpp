@@ -4,9 +4,26 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "kernels/cpu/block_matmul.h"
 #include "kernels/cpu/ops.h"
 
 namespace spin {
+
+namespace {
+
+// Products of a decode step's few rows read the GGUF file's blocks where the matrix has them:
+// the weights' bytes bound such a step. Longer ones (prefill chunks) run OpenBLAS on fp32.
+constexpr int64_t kBlockProductRows = 8;
+
+void product(const float* x, const Matrix& w, float* y, int64_t rows) {
+  if (!w.blocks.empty() && rows <= kBlockProductRows && cpu::block_matmul_supported()) {
+    cpu::block_matmul_nt(x, w.blocks.data(), w.block_format, y, rows, w.rows, w.cols);
+  } else {
+    cpu::matmul_nt(x, w.data.data(), y, rows, w.rows, w.cols);
+  }
+}
+
+}  // namespace
 
 Transformer::Transformer(const ModelWeights& weights, Communicator* communicator)
     : weights_(weights), communicator_(communicator), rope_(make_rope_table(weights.config.rope, weights.config.head_dim)) {}
@@ -60,9 +77,9 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     cpu::rmsnorm(x_.data(), L.attn_norm.data(), h_.data(), n_tokens, hidden, c.rms_eps);
-    cpu::matmul_nt(h_.data(), L.wq.data.data(), q_.data(), n_tokens, q_width, hidden);
-    cpu::matmul_nt(h_.data(), L.wk.data.data(), k_.data(), n_tokens, kv_width, hidden);
-    cpu::matmul_nt(h_.data(), L.wv.data.data(), v_.data(), n_tokens, kv_width, hidden);
+    product(h_.data(), L.wq, q_.data(), n_tokens);
+    product(h_.data(), L.wk, k_.data(), n_tokens);
+    product(h_.data(), L.wv, v_.data(), n_tokens);
     if (c.qk_norm) {
       cpu::rmsnorm(q_.data(), L.q_norm.data(), q_.data(), n_tokens * c.n_heads, c.head_dim, c.rms_eps);
       cpu::rmsnorm(k_.data(), L.k_norm.data(), k_.data(), n_tokens * c.n_kv_heads, c.head_dim,
@@ -88,15 +105,15 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
       static_cast<SequenceAttention*>(chunk.attention)->forward(l, chunk.pos0, n, tokens, &attn_[t0 * q_width]);
       t0 += n;
     }
-    cpu::matmul_nt(attn_.data(), L.wo.data.data(), h_.data(), n_tokens, hidden, q_width);
+    product(attn_.data(), L.wo, h_.data(), n_tokens);
     if (communicator_) communicator_->all_reduce_sum(h_.data(), n_tokens * hidden);
     cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
 
     cpu::rmsnorm(x_.data(), L.ffn_norm.data(), h_.data(), n_tokens, hidden, c.rms_eps);
-    cpu::matmul_nt(h_.data(), L.w_gate.data.data(), gate_.data(), n_tokens, ffn, hidden);
-    cpu::matmul_nt(h_.data(), L.w_up.data.data(), up_.data(), n_tokens, ffn, hidden);
+    product(h_.data(), L.w_gate, gate_.data(), n_tokens);
+    product(h_.data(), L.w_up, up_.data(), n_tokens);
     cpu::silu_mul(gate_.data(), up_.data(), n_tokens * ffn);
-    cpu::matmul_nt(gate_.data(), L.w_down.data.data(), h_.data(), n_tokens, hidden, ffn);
+    product(gate_.data(), L.w_down, h_.data(), n_tokens);
     if (communicator_) communicator_->all_reduce_sum(h_.data(), n_tokens * hidden);
     cpu::add_inplace(x_.data(), h_.data(), n_tokens * hidden);
   }
@@ -116,7 +133,7 @@ void Transformer::forward(std::span<const SequenceChunk> chunks, bool all_logits
   }
   const Matrix& out = weights_.output_matrix();
   logits.resize(n_rows * c.vocab_size);
-  cpu::matmul_nt(rows_.data(), out.data.data(), logits.data(), n_rows, c.vocab_size, hidden);
+  product(rows_.data(), out, logits.data(), n_rows);
 }
 
 }  // namespace spin
