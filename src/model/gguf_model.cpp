@@ -226,7 +226,9 @@ ModelWeights load_gguf_weights(const GgufFile& gguf) {
     const TensorLoad& load = loads[static_cast<size_t>(i)];
     *load.dst = gguf.dequantize(*load.info);
     if (load.matrix == nullptr) continue;
-    if (const auto format = block_format(load.info->type)) {
+    // Rows of whole blocks only (a valid file's are; the fp32 copy serves any other).
+    const auto format = block_format(load.info->type);
+    if (format && load.matrix->cols % cpu::kBlockValues == 0) {
       const uint8_t* bytes = gguf.tensor_data(*load.info);
       load.matrix->blocks.assign(bytes, bytes + load.info->n_bytes);
       load.matrix->block_format = *format;

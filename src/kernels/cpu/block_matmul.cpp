@@ -6,7 +6,6 @@
 #include <cstring>
 #include <vector>
 
-
 namespace spin::cpu {
 
 namespace {
