@@ -1,5 +1,6 @@
 #include "kernels/cpu/block_matmul.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -87,8 +88,12 @@ __attribute__((target("avx2,fma,f16c"))) void tile(const float* x, const float* 
 }  // namespace
 
 bool block_matmul_supported() {
-  static const bool yes =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID (clang's __builtin_cpu_supports does not know it).
+  static const bool yes = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
   return yes;
 }
 
