@@ -43,7 +43,6 @@
 
 #include "base/error.h"
 #include "engine/sampler.h"
-#include "kernels/cpu/block_matmul.h"
 #include "kernels/cpu/ops.h"
 #include "model/contiguous_attention.h"
 #include "model/loader.h"
@@ -139,8 +138,7 @@ spin::LoadOptions load_options(const BenchArgs& a) {
 // contributes one row unless it doubles as the LM head.
 double decode_weight_bytes(const spin::ModelWeights& w) {
   const auto matrix = [](const spin::Matrix& m) {
-    return !m.blocks.empty() && spin::cpu::block_matmul_supported() ? static_cast<double>(m.blocks.size())
-                                                                    : 4.0 * static_cast<double>(m.data.size());
+    return m.decodes_from_blocks() ? static_cast<double>(m.blocks.size()) : 4.0 * static_cast<double>(m.data.size());
   };
   double bytes = 4.0 * static_cast<double>(w.out_norm.size());
   for (const spin::LayerWeights& l : w.layers) {

@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kBlockProductRows = 8;
 
 void product(const float* x, const Matrix& w, float* y, int64_t rows) {
-  if (!w.blocks.empty() && rows <= kBlockProductRows && cpu::block_matmul_supported()) {
+  if (rows <= kBlockProductRows && w.decodes_from_blocks()) {
     cpu::block_matmul_nt(x, w.blocks.data(), w.block_format, y, rows, w.rows, w.cols);
   } else {
     cpu::matmul_nt(x, w.data.data(), y, rows, w.rows, w.cols);

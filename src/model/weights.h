@@ -20,6 +20,8 @@ struct Matrix {
   cpu::BlockFormat block_format = cpu::BlockFormat::q4_1;
 
   bool empty() const { return data.empty(); }
+  // Whether the CPU's decode products read `blocks` (this CPU runs them), not `data`.
+  bool decodes_from_blocks() const { return !blocks.empty() && cpu::block_matmul_supported(); }
 };
 
 struct LayerWeights {

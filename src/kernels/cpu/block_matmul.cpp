@@ -14,10 +14,12 @@ namespace {
 // Rows of x handled together: their products share one unpacking of each weight block.
 constexpr int64_t kRowTile = 4;
 
-// Per row of x and block: the sum of its 32 values (Q4_1's m term).
-std::vector<float> block_sums(const float* x, int64_t m, int64_t k) {
+// Per row of x and block: the sum of its 32 values (Q4_1's m term), into `sums`. Kept per
+// thread: a decode step makes 7 products a layer, and none should allocate.
+const float* block_sums(const float* x, int64_t m, int64_t k) {
+  thread_local std::vector<float> sums;
   const int64_t blocks = k / kBlockValues;
-  std::vector<float> sums(static_cast<size_t>(m * blocks));
+  sums.resize(static_cast<size_t>(m * blocks));
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
       float s = 0.0f;
@@ -25,7 +27,7 @@ std::vector<float> block_sums(const float* x, int64_t m, int64_t k) {
       sums[static_cast<size_t>(r * blocks + b)] = s;
     }
   }
-  return sums;
+  return sums.data();
 }
 
 __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
@@ -36,7 +38,8 @@ __attribute__((target("avx2,fma,f16c"))) inline float hsum(__m256 v) {
 }
 
 // Outputs [out_begin, out_end) of rows [r0, r0 + rows) (rows <= kRowTile): a block's 32 values
-// as four vectors of 8 floats, one accumulator vector per row, reduced once at the end.
+// as four vectors of 8 floats, one accumulator vector per row, reduced once at the end. sums:
+// block_sums of x for Q4_1, null for Q8_0.
 __attribute__((target("avx2,fma,f16c"))) void tile(const float* x, const float* sums, const uint8_t* w,
                                                     BlockFormat format, float* y, int64_t r0, int64_t rows,
                                                     int64_t out_begin, int64_t out_end, int64_t n, int64_t k) {
@@ -70,7 +73,6 @@ __attribute__((target("avx2,fma,f16c"))) void tile(const float* x, const float* 
       std::memcpy(&dm, blk, 4);
       const __m128 scales = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
       const __m256 d = _mm256_broadcastss_ps(scales);
-      const float mn = format == BlockFormat::q4_1 ? _mm_cvtss_f32(_mm_movehdup_ps(scales)) : 0.0f;
       for (int64_t r = 0; r < rows; ++r) {
         const float* xb = x + (r0 + r) * k + b * kBlockValues;
         __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(xb), q[0]);
@@ -78,7 +80,10 @@ __attribute__((target("avx2,fma,f16c"))) void tile(const float* x, const float* 
         dot = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 16), q[2], dot);
         dot = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 24), q[3], dot);
         acc[r] = _mm256_fmadd_ps(d, dot, acc[r]);
-        m_acc[r] += mn * sums[(r0 + r) * blocks + b];
+      }
+      if (sums != nullptr) {  // Q4_1's minimum times each row's block sum
+        const float mn = _mm_cvtss_f32(_mm_movehdup_ps(scales));
+        for (int64_t r = 0; r < rows; ++r) m_acc[r] += mn * sums[(r0 + r) * blocks + b];
       }
     }
     for (int64_t r = 0; r < rows; ++r) y[(r0 + r) * n + o] = hsum(acc[r]) + m_acc[r];
@@ -101,7 +106,7 @@ int64_t block_bytes(BlockFormat format) { return format == BlockFormat::q4_1 ? 2
 
 void block_matmul_nt(const float* x, const uint8_t* w, BlockFormat format, float* y, int64_t m, int64_t n,
                      int64_t k) {
-  const std::vector<float> sums = block_sums(x, m, k);
+  const float* sums = format == BlockFormat::q4_1 ? block_sums(x, m, k) : nullptr;
   // Threads split the output features: each reads its share of the weights once per row tile.
   constexpr int64_t kOutChunk = 16;
   const int64_t chunks = (n + kOutChunk - 1) / kOutChunk;
@@ -109,7 +114,7 @@ void block_matmul_nt(const float* x, const uint8_t* w, BlockFormat format, float
     const int64_t rows = std::min(kRowTile, m - r0);
 #pragma omp parallel for schedule(static) if (n * k >= 65536)
     for (int64_t c = 0; c < chunks; ++c) {
-      tile(x, sums.data(), w, format, y, r0, rows, c * kOutChunk, std::min(n, (c + 1) * kOutChunk), n, k);
+      tile(x, sums, w, format, y, r0, rows, c * kOutChunk, std::min(n, (c + 1) * kOutChunk), n, k);
     }
   }
 }
