@@ -7,7 +7,9 @@
 //   (bf16 weights + every sequence's K and V) ÷ device-to-device cudaMemcpy bandwidth measured in
 //   the same process (median of repeats; bytes read + written per second). Long contexts are
 //   not prefilled: their KV pages are allocated and left as they are (decode time depends on the
-//   number of keys, not their values).
+//   number of keys, not their values). A timed decode step is the engine's: greedy tokens drawn on
+//   the GPU, their ids downloaded (--download-logits: every row's logits copied to the host
+//   instead); the host ms/step column is its time outside the final wait for the GPU.
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
@@ -84,6 +86,7 @@ struct BenchArgs {
   int64_t prefill_chunk = 2048;
   int prefill_variant = -1;  // cuda: the prefill attention kernel (-1: the default)
   bool fetch_in_attention = true;  // cuda: misses read by the decode attention, not fetched first
+  bool download_logits = false;    // cuda: decode steps copy the logits to the host (else draw greedily on the GPU)
   int repeats = 3;
   int threads = 0;
   bool cuda_graphs = true;
@@ -559,8 +562,8 @@ void run_cuda(const BenchArgs& a) {
                 "retrieved GB/step (GPU 0) | HBM GB/step | bound ms/step | of bound |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   } else {
-    std::printf("\n| batch | context | decode tok/s | ms/step | bytes read/step | bound tok/s | of bound |\n");
-    std::printf("|---|---|---|---|---|---|---|\n");
+    std::printf("\n| batch | context | decode tok/s | ms/step | host ms/step | bytes read/step | bound tok/s | of bound |\n");
+    std::printf("|---|---|---|---|---|---|---|---|\n");
   }
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
@@ -584,13 +587,23 @@ void run_cuda(const BenchArgs& a) {
       std::vector<std::unique_ptr<spin::SequenceKv>> seqs;
       std::vector<int32_t> ids(static_cast<size_t>(batch));
       std::vector<spin::SequenceChunk> chunks(static_cast<size_t>(batch));
-      // One decode step of sequences [first, end).
+      const std::vector<spin::DeviceSampling> greedy(static_cast<size_t>(batch));
+      std::vector<int32_t> drawn;
+      // One decode step of sequences [first, end), as the engine runs one: the next tokens drawn on
+      // the GPU (greedy) and only their ids downloaded; --download-logits copies every row's logits
+      // to the host instead (the engine's step for requests it samples on the host).
       auto decode_step = [&](int64_t first, int64_t end) {
         for (int64_t b = first; b < end; ++b) {
           ids[b] = token(rng);
           chunks[b - first] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
         }
-        model->forward(std::span(chunks).first(static_cast<size_t>(end - first)), false, logits);
+        const auto n = static_cast<size_t>(end - first);
+        if (a.download_logits) {
+          model->forward(std::span(chunks).first(n), false, logits);
+        } else {
+          model->forward_sampled(std::span(chunks).first(n), std::span(greedy).first(n), c.vocab_size, {}, logits,
+                                 drawn);
+        }
       };
       std::vector<double> first_steps;
       for (int64_t b = 0; b < batch; ++b) {
@@ -614,6 +627,7 @@ void run_cuda(const BenchArgs& a) {
       }
       const int64_t timed_from = seqs.front()->length();
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
+      const double wait_before = ranks.front()->forward_stats()->device_wait_seconds;
       std::vector<double> step_seconds;
       for (int r = 0; r < a.repeats; ++r) {
         const auto t = clock_type::now();
@@ -621,6 +635,12 @@ void run_cuda(const BenchArgs& a) {
         step_seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
       }
       const double step = median(step_seconds);
+      // The host's share of a step: its time outside the final wait for the device, during which a
+      // lone batch's GPU has nothing queued (tables, uploads, the graph launch, the logits' copy).
+      const double timed_steps = static_cast<double>(a.decode_tokens * a.repeats);
+      double wall = 0.0;
+      for (double seconds : step_seconds) wall += seconds * static_cast<double>(a.decode_tokens);
+      const double host_step = (wall - (ranks.front()->forward_stats()->device_wait_seconds - wait_before)) / timed_steps;
       if (sparse) {
         const spin::KvStoreUsage after = factory.usage().value_or(spin::KvStoreUsage{});
         const auto hits = static_cast<double>(after.hits - before.hits);
@@ -654,8 +674,8 @@ void run_cuda(const BenchArgs& a) {
       const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
                            static_cast<double>(batch) * mean_context * kv_bytes_per_token;
       const double bound = static_cast<double>(batch) / (bytes / bandwidth);
-      std::printf("| %lld | %lld | %.1f | %.2f | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), batch / step, step * 1e3, bytes / 1e9, bound,
+      std::printf("| %lld | %lld | %.1f | %.2f | %.3f | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), batch / step, step * 1e3, host_step * 1e3, bytes / 1e9, bound,
                   100.0 * (batch / step) / bound);
       std::fflush(stdout);
     }
@@ -750,10 +770,11 @@ void run_cuda(const BenchArgs& a) {
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   const spin::ForwardStats s = *ranks.front()->forward_stats();
-  std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps include the logits' "
-              "copy to the host\n",
+  std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps %s\n",
               static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
-              static_cast<long long>(s.graphs_captured));
+              static_cast<long long>(s.graphs_captured),
+              a.download_logits ? "include the logits' copy to the host"
+                                : "draw greedy tokens on the GPU and download their ids (as the engine does)");
 }
 
 #endif
@@ -780,6 +801,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
   app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_flag("--download-logits", a.download_logits,
+               "cuda: decode steps copy every row's logits to the host instead of drawing greedy tokens on the GPU");
   app.add_flag("--compare-sampling", a.compare_sampling,
                "cuda, dense, one GPU: also time decode steps that draw the next tokens on the host vs on the GPU");
   app.add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kernels/cuda/model_ops.h"
 #include "model/forward_model.h"
 
 namespace spin {
@@ -41,11 +42,12 @@ class DeviceAttention {
   virtual DeviceStepLayout begin_step(std::span<const SequenceChunk> chunks, int64_t rows,
                                       cudaStream_t stream) = 0;
 
-  // Stores the step's K/V of `layer` and writes causal attention for every row.
-  // qkv: [rows][row_stride] bf16 with q, k, v heads laid out as in kernels/cuda/model_ops.h
-  // (RoPE applied); out: [rows][n_heads * head_dim]. Only enqueues work on `stream` (graph-safe).
-  virtual void forward(int64_t layer, const __nv_bfloat16* qkv, int64_t row_stride,
-                       __nv_bfloat16* out, cudaStream_t stream) = 0;
+  // Finishes q and k of `layer` (qk: the projection's rows qk.qkv, q, k, v heads laid out as in
+  // kernels/cuda/model_ops.h, and the layer's norm and RoPE; qk.n_tokens = the step's rows), stores
+  // the step's K/V in the same launch, and writes causal attention for every row to out:
+  // [rows][n_heads * head_dim]. q and k are left in qk.qkv after norm and RoPE. The store's page
+  // fields of qk are its own. Only enqueues work on `stream` (graph-safe).
+  virtual void forward(int64_t layer, const cuda::QkRopeParams& qk, __nv_bfloat16* out, cudaStream_t stream) = 0;
 };
 
 // A sequence's KV in a device store; the forward pass finds the store through it.

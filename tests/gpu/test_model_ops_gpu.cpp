@@ -53,6 +53,25 @@ constexpr double kBf16Tol = 1e-2;
 
 class GpuModelOps : public SeededGpuTest<std::mt19937> {
  protected:
+  // Distinct (page, slot) for every (token, KV head), pages below n_pages. A slot may be shared by
+  // every (token, head), so n_pages must exceed the pairs: the search for a free page always ends.
+  void random_slots(int64_t n_tokens, int n_kv_heads, int page_size, int n_pages, std::vector<int32_t>& page_of,
+                    std::vector<int32_t>& slot_of) {
+    slot_of.assign(n_tokens, 0);
+    page_of.assign(n_tokens * n_kv_heads, 0);
+    std::set<std::pair<int32_t, int32_t>> used;
+    std::uniform_int_distribution<int32_t> pick_page(0, n_pages - 1), pick_slot(0, page_size - 1);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      slot_of[t] = pick_slot(rng_);
+      for (int h = 0; h < n_kv_heads; ++h) {
+        int32_t page;
+        do page = pick_page(rng_);
+        while (!used.insert({page, slot_of[t]}).second);
+        page_of[t * n_kv_heads + h] = page;
+      }
+    }
+  }
+
   std::vector<uint16_t> random_bf16(size_t n, float stddev) {
     std::normal_distribution<float> dist(0.0f, stddev);
     std::vector<uint16_t> v(n);
@@ -318,21 +337,9 @@ TEST_F(GpuModelOps, StoreKvPagesScattersToSlotsOnly) {
     const int64_t kv_width = int64_t{c.n_kv_heads} * c.head_dim;
     const int64_t row_stride = q_width + 2 * kv_width + c.row_pad;
     const std::vector<uint16_t> qkv = random_bf16(c.n_tokens * row_stride, 1.0f);
-    // Distinct (page, slot) for every (token, head). A slot may be shared by every (token, head),
-    // so there are more pages than (token, head) pairs: the search for a free page always ends.
     const int n_pages = static_cast<int>(c.n_tokens * c.n_kv_heads + 4);
-    std::vector<int32_t> slot_of(c.n_tokens), page_of(c.n_tokens * c.n_kv_heads);
-    std::set<std::pair<int32_t, int32_t>> used;
-    std::uniform_int_distribution<int32_t> pick_page(0, n_pages - 1), pick_slot(0, c.page_size - 1);
-    for (int64_t t = 0; t < c.n_tokens; ++t) {
-      slot_of[t] = pick_slot(rng_);
-      for (int h = 0; h < c.n_kv_heads; ++h) {
-        int32_t page;
-        do page = pick_page(rng_);
-        while (!used.insert({page, slot_of[t]}).second);
-        page_of[t * c.n_kv_heads + h] = page;
-      }
-    }
+    std::vector<int32_t> slot_of, page_of;
+    random_slots(c.n_tokens, c.n_kv_heads, c.page_size, n_pages, page_of, slot_of);
     const int64_t page_elems = 2 * int64_t{c.page_size} * c.head_dim;
     std::vector<uint16_t> expect(n_pages * page_elems, 0xffff);
     for (int64_t t = 0; t < c.n_tokens; ++t) {
@@ -366,6 +373,82 @@ TEST_F(GpuModelOps, StoreKvPagesScattersToSlotsOnly) {
   }
 }
 
+// The fused launch (norm, RoPE, page store and q packing) against the two launches it replaces,
+// which the tests above check against the CPU: the same bits in qkv, the pages and the packed q.
+TEST_F(GpuModelOps, RopeThatStoresPagesEqualsRopeThenStore) {
+  struct Case {
+    int n_heads, n_kv_heads, head_dim, page_size;
+    int64_t n_tokens, row_pad;
+    bool qk_norm, neox;
+  };
+  const std::vector<Case> cases = {
+      {40, 8, 128, 16, 1, 0, true, true},    // Qwen3-14B, one decode row
+      {32, 8, 128, 16, 19, 0, false, true},  // Llama-3.1-8B, a decode batch and a prefill chunk
+      {9, 3, 64, 64, 37, 0, false, true},    // SmolLM2-135M, big pages
+      {4, 2, 20, 8, 13, 3, true, false},     // unaligned rows, adjacent pairs
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "heads " << c.n_heads << "/" << c.n_kv_heads << " x " << c.head_dim
+                                    << " tokens " << c.n_tokens << " norm " << c.qk_norm << " neox " << c.neox);
+    const int64_t q_width = int64_t{c.n_heads} * c.head_dim;
+    const int64_t row_stride = q_width + 2 * int64_t{c.n_kv_heads} * c.head_dim + c.row_pad;
+    const std::vector<uint16_t> qkv = random_bf16(c.n_tokens * row_stride, 1.0f);
+    const int n_pages = static_cast<int>(c.n_tokens * c.n_kv_heads + 4);
+    std::vector<int32_t> slot_of, page_of, positions(c.n_tokens);
+    random_slots(c.n_tokens, c.n_kv_heads, c.page_size, n_pages, page_of, slot_of);
+    std::uniform_int_distribution<int32_t> pick_position(0, 1 << 17);
+    for (int32_t& p : positions) p = pick_position(rng_);
+    const RopeTable table = make_rope_table(rope_config(5e5f, c.neox, RopeScaling::None, 1.0f), c.head_dim);
+    const std::vector<uint16_t> q_norm = random_bf16(c.head_dim, 1.0f), k_norm = random_bf16(c.head_dim, 1.0f);
+    const int64_t q_rows = (c.n_tokens + 1) / 2;
+    const size_t pool_elems = static_cast<size_t>(n_pages) * 2 * c.page_size * c.head_dim;
+    DeviceArray<int32_t> d_page(page_of), d_slot(slot_of), d_pos(positions);
+    DeviceArray<float> d_freq(table.inv_freq);
+    DeviceArray<uint16_t> d_qn(q_norm), d_kn(k_norm);
+    struct Outputs {
+      std::vector<uint16_t> qkv, pool, q;
+    };
+    const auto run = [&](bool fused) -> Outputs {
+      DeviceArray<uint16_t> d_qkv(qkv), d_pool(pool_elems), d_q((q_rows + 1) * q_width);  // poisoned
+      cuda::QkRopeParams p;
+      p.qkv = bf16_ptr(d_qkv);
+      p.row_stride = row_stride;
+      p.positions = d_pos.get();
+      p.n_tokens = c.n_tokens;
+      p.n_heads = c.n_heads;
+      p.n_kv_heads = c.n_kv_heads;
+      p.head_dim = c.head_dim;
+      p.q_norm = c.qk_norm ? bf16_ptr(d_qn) : nullptr;
+      p.k_norm = c.qk_norm ? bf16_ptr(d_kn) : nullptr;
+      p.inv_freq = d_freq.get();
+      p.mscale = table.mscale;
+      p.neox = c.neox;
+      const cuda::QueryCopy q_copy{bf16_ptr(d_q), q_rows};
+      if (fused) {
+        p.kv_pool = bf16_ptr(d_pool);
+        p.page_of = d_page.get();
+        p.slot_of = d_slot.get();
+        p.page_size = c.page_size;
+        p.q_copy = q_copy;
+        EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaSuccess);
+      } else {
+        EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaSuccess);
+        EXPECT_EQ(cuda::store_kv_pages_bf16(bf16_ptr(d_qkv), row_stride, q_width, d_page.get(), d_slot.get(),
+                                          c.n_tokens, c.n_kv_heads, c.head_dim, c.page_size, bf16_ptr(d_pool),
+                                          nullptr, q_copy),
+                  cudaSuccess);
+      }
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return Outputs{d_qkv.download(), d_pool.download(), d_q.download()};
+    };
+    const Outputs apart = run(false), fused = run(true);
+    EXPECT_TRUE(fused.qkv == apart.qkv);
+    EXPECT_TRUE(fused.pool == apart.pool);
+    EXPECT_TRUE(fused.q == apart.q);
+    EXPECT_FALSE(fused.qkv == qkv);  // RoPE moved q and k
+  }
+}
+
 TEST_F(GpuModelOps, RejectsBadShapes) {
   cuda::QkRopeParams p;
   p.n_tokens = 1;
@@ -376,6 +459,22 @@ TEST_F(GpuModelOps, RejectsBadShapes) {
   EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaErrorInvalidValue);
   p.head_dim = 63;  // odd
   EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaErrorInvalidValue);
+  std::vector<uint16_t> buffer(4 * 64);
+  DeviceArray<uint16_t> d_buffer(buffer);
+  DeviceArray<int32_t> d_index(std::vector<int32_t>{0});
+  DeviceArray<float> d_freq(std::vector<float>(32, 1.0f));
+  p.head_dim = 64;
+  p.row_stride = 4 * 64;
+  p.qkv = bf16_ptr(d_buffer);
+  p.positions = d_index.get();
+  p.inv_freq = d_freq.get();
+  p.kv_pool = bf16_ptr(d_buffer);  // pages without their tables
+  EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaErrorInvalidValue);
+  p.kv_pool = nullptr;
+  p.q_copy = cuda::QueryCopy{bf16_ptr(d_buffer), 2};  // more q rows than tokens
+  EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaErrorInvalidValue);
+  p.q_copy = cuda::QueryCopy{};
+  EXPECT_EQ(cuda::qk_norm_rope_bf16(p, nullptr), cudaSuccess);
   EXPECT_EQ(cuda::store_kv_pages_bf16(nullptr, 10, 8, nullptr, nullptr, 1, 1, 4, 16, nullptr,
                                       nullptr),
             cudaErrorInvalidValue);  // row_stride < q_width + 2 * kv_width

@@ -174,7 +174,7 @@ class CudaKvStore final : public DeviceAttention {
   CudaKvStore& operator=(const CudaKvStore&) = delete;
 
   DeviceStepLayout begin_step(std::span<const SequenceChunk> chunks, int64_t rows, cudaStream_t stream) override;
-  void forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) override;
+  void forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out, cudaStream_t stream) override;
 
   int64_t pages_for(int64_t tokens) const { return (tokens + page_size_ - 1) / page_size_; }
   int64_t pages_per_group() const { return shape_.n_layers * shape_.n_kv_heads; }
@@ -2082,9 +2082,15 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
                               (shadowkv_decode ? 8u : 0u) | (rebuild_bits << 4) | (retroinfer_decode ? 1u << 12 : 0u)};
 }
 
-void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf16* out, cudaStream_t stream) {
+void CudaKvStore::forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out, cudaStream_t stream) {
   SPIN_CHECK(step_.rows > 0, "attention forward before begin_step");
   SPIN_CHECK(layer >= 0 && layer < shape_.n_layers, "attention forward: layer {} of {}", layer, shape_.n_layers);
+  SPIN_CHECK(qk.n_tokens == step_.rows, "attention forward: {} rows in a step of {}", qk.n_tokens, step_.rows);
+  SPIN_CHECK(qk.n_heads == shape_.n_heads && qk.n_kv_heads == shape_.n_kv_heads && qk.head_dim == shape_.head_dim,
+             "attention forward: q/k heads {}/{} x {} for a store of {}/{} x {}", qk.n_heads, qk.n_kv_heads,
+             qk.head_dim, shape_.n_heads, shape_.n_kv_heads, shape_.head_dim);
+  const bf16* qkv = qk.qkv;
+  const int64_t row_stride = qk.row_stride;
   SPIN_CHECK(row_stride >= q_width_ + 2 * shape_.n_kv_heads * shape_.head_dim,
              "attention forward: row stride {} is narrower than q, k and v", row_stride);
   // The first dense layers of sparse sequences attend over every page, kept in their own groups.
@@ -2092,11 +2098,15 @@ void CudaKvStore::forward(int64_t layer, const bf16* qkv, int64_t row_stride, bf
   bf16* pool = pool_.get() + layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
   const int head_dim = static_cast<int>(shape_.head_dim);
-  // The decode kernels read q as [rows][heads][head_dim] without a row stride: the store packs it.
-  cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, dense_layer ? step_.low_page_of : step_.page_of,
-                                       step_.slot_of, step_.rows, heads, head_dim, static_cast<int>(page_size_), pool,
-                                       stream, cuda::QueryCopy{decode_q_.get(), step_.decode_rows}),
-             "KV store");
+  // Norm and RoPE of q and k in the launch that stores K/V. The decode kernels read q as
+  // [rows][heads][head_dim] without a row stride: the same launch packs it.
+  cuda::QkRopeParams finish = qk;
+  finish.kv_pool = pool;
+  finish.page_of = dense_layer ? step_.low_page_of : step_.page_of;
+  finish.slot_of = step_.slot_of;
+  finish.page_size = static_cast<int>(page_size_);
+  finish.q_copy = cuda::QueryCopy{decode_q_.get(), step_.decode_rows};
+  cuda_check(cuda::qk_norm_rope_bf16(finish, stream), "q/k norm, RoPE and KV store");
   if (step_.sparse_rows && !dense_layer) {  // write-through to the host tier
     cuda_check(cuda::store_kv_pages_bf16(qkv, row_stride, q_width_, step_.host_page_of, step_.slot_of, step_.rows,
                                          heads, head_dim, static_cast<int>(page_size_),

@@ -77,10 +77,10 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // A block per (token, group of kRopeWarps heads): the token's cos/sin table is computed in shared
 // memory (angle and trigonometry in double, as cpu::rope, so large positions keep their
-// precision), then each warp takes one head (q heads, then k heads). At batch 1 the heads spread
-// over several SMs instead of queueing on one block's warps. Lane l owns pairs l, l + 32, ...; a
-// warp's loads of one pair member are 32 consecutive (neox) or every-other (interleaved) bf16, so
-// they coalesce.
+// precision), then each warp takes one head (q heads, then k heads, then, when it stores pages,
+// v heads, which it only copies). At batch 1 the heads spread over several SMs instead of queueing
+// on one block's warps. Lane l owns pairs l, l + 32, ...; a warp's loads of one pair member are
+// 32 consecutive (neox) or every-other (interleaved) bf16, so they coalesce.
 __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams p) {
   enter_dependent_grid();
   __shared__ float cos_table[kMaxHeadDim / 2];
@@ -88,8 +88,10 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
   const int half = p.head_dim / 2;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const int heads = p.n_heads + p.n_kv_heads;
+  const int qk_heads = p.n_heads + p.n_kv_heads;
+  const int heads = qk_heads + (p.kv_pool ? p.n_kv_heads : 0);
   const int64_t kv_width = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  const int64_t page_elems = static_cast<int64_t>(p.page_size) * p.head_dim;  // one K or V half
   for (int64_t t = blockIdx.x; t < p.n_tokens; t += gridDim.x) {
     const double pos = static_cast<double>(p.positions[t]);
     for (int i = threadIdx.x; i < half; i += kRopeThreads) {
@@ -100,8 +102,23 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
     }
     __syncthreads();
     for (int h = blockIdx.y * kRopeWarps + warp; h < heads; h += gridDim.y * kRopeWarps) {
-      const bool is_k = h >= p.n_heads;
+      const bool is_v = h >= qk_heads;
+      const bool is_k = !is_v && h >= p.n_heads;
+      // Heads run q, k, v as in the row, so h also indexes the row's heads.
       bf16* x = p.qkv + t * p.row_stride + static_cast<int64_t>(h) * p.head_dim;
+      bf16* page_row = nullptr;  // this token's slot of its K or V page half
+      if (p.kv_pool && (is_k || is_v)) {
+        const int kv_head = h - (is_v ? qk_heads : p.n_heads);
+        const int64_t page = p.page_of[t * p.n_kv_heads + kv_head];
+        page_row = p.kv_pool + (page * 2 + (is_v ? 1 : 0)) * page_elems + static_cast<int64_t>(p.slot_of[t]) * p.head_dim;
+      }
+      if (is_v) {
+        for (int i = lane; i < p.head_dim; i += 32) page_row[i] = x[i];
+        continue;
+      }
+      bf16* q_row = !is_k && t < p.q_copy.rows
+                        ? p.q_copy.out + t * static_cast<int64_t>(p.n_heads) * p.head_dim + static_cast<int64_t>(h) * p.head_dim
+                        : nullptr;
       const bf16* norm = is_k ? p.k_norm : p.q_norm;
       float x0[kPairsPerLane], x1[kPairsPerLane];
       float sum_sq = 0.0f;
@@ -143,8 +160,15 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
           }
           const float c = cos_table[i];
           const float s = sin_table[i];
-          x[a] = __float2bfloat16(x0[j] * c - x1[j] * s);
-          x[b] = __float2bfloat16(x0[j] * s + x1[j] * c);
+          const bf16 ra = __float2bfloat16(x0[j] * c - x1[j] * s);
+          const bf16 rb = __float2bfloat16(x0[j] * s + x1[j] * c);
+          x[a] = ra;
+          x[b] = rb;
+          bf16* copy = page_row ? page_row : q_row;
+          if (copy) {
+            copy[a] = ra;
+            copy[b] = rb;
+          }
         }
       }
     }
@@ -311,8 +335,12 @@ cudaError_t qk_norm_rope_bf16(const QkRopeParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (p.n_tokens == 0) return cudaSuccess;
   if (!p.qkv || !p.positions || !p.inv_freq) return cudaErrorInvalidValue;
+  if (p.kv_pool && (!p.page_of || !p.slot_of || p.page_size <= 0)) return cudaErrorInvalidValue;
+  if (p.q_copy.rows < 0 || p.q_copy.rows > p.n_tokens || (p.q_copy.rows > 0 && !p.q_copy.out))
+    return cudaErrorInvalidValue;
+  const int heads = p.n_heads + p.n_kv_heads + (p.kv_pool ? p.n_kv_heads : 0);
   const dim3 blocks(static_cast<unsigned>(std::min<int64_t>(p.n_tokens, int64_t{1} << 20)),
-                    static_cast<unsigned>(std::min(65535, (p.n_heads + p.n_kv_heads + kRopeWarps - 1) / kRopeWarps)));
+                    static_cast<unsigned>(std::min(65535, (heads + kRopeWarps - 1) / kRopeWarps)));
   launch(qk_norm_rope_kernel, blocks, kRopeThreads, 0, stream, p);
   return cudaGetLastError();
 }

@@ -16,6 +16,12 @@ namespace spin::cuda {
 cudaError_t embedding_bf16(const int32_t* ids, int64_t n_tokens, const __nv_bfloat16* table,
                            int64_t width, __nv_bfloat16* out, cudaStream_t stream);
 
+// The first `rows` tokens' q heads packed as [rows][q_width] (what decode attention reads).
+struct QueryCopy {
+  __nv_bfloat16* out = nullptr;
+  int64_t rows = 0;
+};
+
 struct QkRopeParams {
   __nv_bfloat16* qkv = nullptr;        // [n_tokens][row_stride], updated in place (q and k parts)
   int64_t row_stride = 0;
@@ -31,15 +37,19 @@ struct QkRopeParams {
   const float* inv_freq = nullptr;     // [head_dim / 2] (RopeTable::inv_freq: Llama-3 / YaRN scaled)
   float mscale = 1.0f;                 // multiplies cos and sin (YaRN)
   bool neox = true;                    // rotate halves (true) or adjacent pairs (false), as cpu::rope
+  // Optional: the same launch stores each token's k (after RoPE) and v into its KV page as
+  // store_kv_pages_bf16 does (page page_of[t * n_kv_heads + h], slot slot_of[t]), and packs the
+  // first q_copy.rows tokens' q heads (after RoPE) into q_copy.out. One launch instead of two saves
+  // a kernel boundary per layer, which a batch-1 decode step pays for on every layer.
+  __nv_bfloat16* kv_pool = nullptr;
+  const int32_t* page_of = nullptr;
+  const int32_t* slot_of = nullptr;
+  int page_size = 0;
+  QueryCopy q_copy;
 };
-// Per head: optional RMSNorm, then RoPE at positions[t] with angle = position * inv_freq[i].
+// Per head: optional RMSNorm, then RoPE at positions[t] with angle = position * inv_freq[i];
+// q and k are rewritten in place, and with kv_pool also stored to their pages.
 cudaError_t qk_norm_rope_bf16(const QkRopeParams& p, cudaStream_t stream);
-
-// The first `rows` tokens' q heads packed as [rows][q_width] (what decode attention reads).
-struct QueryCopy {
-  __nv_bfloat16* out = nullptr;
-  int64_t rows = 0;
-};
 
 // Writes the k and v heads of each token into its KV page (layout: paged_attention.h):
 // token t, KV head h goes to page page_of[t * n_kv_heads + h], slot slot_of[t]. With `q` (rows

@@ -500,8 +500,7 @@ void CudaModel::enqueue_forward(DeviceAttention& attention, int64_t rows, int64_
     rope.inv_freq = inv_freq_.get();
     rope.mscale = rope_mscale_;
     rope.neox = rope_neox_;
-    cuda_check(cuda::qk_norm_rope_bf16(rope, s), "q/k norm and RoPE");
-    attention.forward(l, qkv_.get(), qkv_width_, attn_.get(), s);
+    attention.forward(l, rope, attn_.get(), s);
     gemm_->matmul_nt(attn_.get(), L.wo.get(), proj_.get(), rows, hidden, q_width_, s);
     sum_over_ranks(proj_.get(), rows * hidden, s);
     cuda_check(cuda::rmsnorm_residual_bf16(proj_.get(), x_.get(), L.ffn_norm.get(), h_.get(), rows, hidden,
