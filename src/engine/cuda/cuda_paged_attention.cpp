@@ -1573,7 +1573,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       prefill_entries += heads * pages_for(end);
       continue;
     }
-    low_decode_entries += heads * pages_for(end);
+    if (sparse_rows) low_decode_entries += heads * pages_for(end);
     if (sp == nullptr) {
       decode_entries += heads * pages_for(end);
       continue;
@@ -1735,7 +1735,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
           for (int64_t j = 0; j < pages; ++j) {
             const int32_t main = page_id(groups[static_cast<size_t>(j)], h);
             t[at_prefill_pages + prefill_at + j] = main;
-            t[at_low_prefill_pages + prefill_at + j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : main;
+            if (sparse_rows) t[at_low_prefill_pages + prefill_at + j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : main;
           }
           prefill_at += pages;
           t[at_prefill_offsets + s * heads + h + 1] = static_cast<int32_t>(prefill_at);
@@ -1751,11 +1751,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       const int64_t k = plans[static_cast<size_t>(i)].selected;
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t item = i * heads + h;
-        int32_t* low_list = t + at_low_decode_pages + low_decode_at;
-        for (int64_t j = 0; j < pages; ++j) {
-          low_list[j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : page_id(groups[static_cast<size_t>(j)], h);
+        if (sparse_rows) {
+          int32_t* low_list = t + at_low_decode_pages + low_decode_at;
+          for (int64_t j = 0; j < pages; ++j) {
+            low_list[j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : page_id(groups[static_cast<size_t>(j)], h);
+          }
+          low_decode_at += pages;
         }
-        low_decode_at += pages;
         t[at_low_decode_offsets + item + 1] = static_cast<int32_t>(low_decode_at);
         t[at_low_decode_tokens + item] = static_cast<int32_t>(end);
         int32_t* list = t + at_decode_pages + decode_at;
@@ -2094,7 +2096,9 @@ void CudaKvStore::forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out
   SPIN_CHECK(row_stride >= q_width_ + 2 * shape_.n_kv_heads * shape_.head_dim,
              "attention forward: row stride {} is narrower than q, k and v", row_stride);
   // The first dense layers of sparse sequences attend over every page, kept in their own groups.
-  const bool dense_layer = layer < dense_layers_;
+  // A step without sparse rows has no such groups: its low tables would repeat the main ones, so
+  // begin_step leaves its low lists unfilled and every layer reads the main tables.
+  const bool dense_layer = layer < dense_layers_ && step_.sparse_rows;
   bf16* pool = pool_.get() + layer_offset(layer);
   const int heads = static_cast<int>(shape_.n_kv_heads);
   const int head_dim = static_cast<int>(shape_.head_dim);
