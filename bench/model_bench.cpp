@@ -8,8 +8,9 @@
 //   the same process (median of repeats; bytes read + written per second). Long contexts are
 //   not prefilled: their KV pages are allocated and left as they are (decode time depends on the
 //   number of keys, not their values). A timed decode step is the engine's: greedy tokens drawn on
-//   the GPU, their ids downloaded (--download-logits: every row's logits copied to the host
-//   instead); the host ms/step column is its time outside the final wait for the GPU.
+//   the GPU, their ids downloaded (--download-logits, and tensor parallel models, which draw on
+//   the host: every row's logits copied to the host instead); the host ms/step column is its time
+//   outside the final wait for the GPU.
 //   --tensor-parallel-size N: the model split over GPUs 0..N-1 (NCCL all-reduces), each with its
 //   own KV pool; the bound is then one GPU's share of the bytes (its weight shard plus replicated
 //   tensors, its KV heads) over one GPU's bandwidth: the all-reduces are not in it.
@@ -554,6 +555,8 @@ void run_cuda(const BenchArgs& a) {
                 median(rates));
   }
 
+  // Decode steps draw their tokens where the engine would (see decode_step below).
+  const bool draws_on_device = !a.download_logits && model->samples_on_device();
   if (sparse) {
     // The bound of a sparse step: the bytes it reads from HBM (weights; every page of the dense
     // layers; sinks, selection and window of the sparse ones) at the device copy rate, plus the
@@ -575,8 +578,9 @@ void run_cuda(const BenchArgs& a) {
       for (int64_t b = 0; b < batch; ++b) need += each;
       if (sparse) need.device_pages += factory.demand(settings, context, capacity, false, factory.page_size()).device_pages;
       if (!need.fits_within(factory.capacity())) {
-        std::printf("| %lld | %lld | (does not fit the pools: %.1f GB of KV) | | | | |\n", static_cast<long long>(batch),
-                    static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9);
+        std::printf("| %lld | %lld | (does not fit the pools: %.1f GB of KV) |%s\n", static_cast<long long>(batch),
+                    static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9,
+                    sparse ? " | | | | | | |" : " | | | | |");
         continue;
       }
       // Fresh random pages: an earlier shape's factors or summaries left in them would read as
@@ -590,15 +594,15 @@ void run_cuda(const BenchArgs& a) {
       const std::vector<spin::DeviceSampling> greedy(static_cast<size_t>(batch));
       std::vector<int32_t> drawn;
       // One decode step of sequences [first, end), as the engine runs one: the next tokens drawn on
-      // the GPU (greedy) and only their ids downloaded; --download-logits copies every row's logits
-      // to the host instead (the engine's step for requests it samples on the host).
+      // the GPU (greedy) and only their ids downloaded; --download-logits, or a model that draws on
+      // the host (tensor parallel), copies every row's logits to the host instead.
       auto decode_step = [&](int64_t first, int64_t end) {
         for (int64_t b = first; b < end; ++b) {
           ids[b] = token(rng);
           chunks[b - first] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
         }
         const auto n = static_cast<size_t>(end - first);
-        if (a.download_logits) {
+        if (!draws_on_device) {
           model->forward(std::span(chunks).first(n), false, logits);
         } else {
           model->forward_sampled(std::span(chunks).first(n), std::span(greedy).first(n), c.vocab_size, {}, logits,
@@ -627,20 +631,22 @@ void run_cuda(const BenchArgs& a) {
       }
       const int64_t timed_from = seqs.front()->length();
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
-      const double wait_before = ranks.front()->forward_stats()->device_wait_seconds;
-      std::vector<double> step_seconds;
+      // The host's share of a step: its time outside the final wait for GPU 0, during which a lone
+      // batch's GPU has nothing queued (the bench's inputs, tables, uploads, the graph launch; with
+      // tensor parallelism also waiting for the other ranks). Not measured where the logits are
+      // copied to pageable host memory: that copy waits for the whole forward itself.
+      std::vector<double> step_seconds, host_seconds;
       for (int r = 0; r < a.repeats; ++r) {
+        const double wait_before = ranks.front()->forward_stats()->device_wait_seconds;
         const auto t = clock_type::now();
         for (int64_t i = 0; i < a.decode_tokens; ++i) decode_step(0, batch);
-        step_seconds.push_back(seconds_since(t) / static_cast<double>(a.decode_tokens));
+        const double wall = seconds_since(t);
+        const double waited = ranks.front()->forward_stats()->device_wait_seconds - wait_before;
+        step_seconds.push_back(wall / static_cast<double>(a.decode_tokens));
+        host_seconds.push_back((wall - waited) / static_cast<double>(a.decode_tokens));
       }
       const double step = median(step_seconds);
-      // The host's share of a step: its time outside the final wait for the device, during which a
-      // lone batch's GPU has nothing queued (tables, uploads, the graph launch, the logits' copy).
-      const double timed_steps = static_cast<double>(a.decode_tokens * a.repeats);
-      double wall = 0.0;
-      for (double seconds : step_seconds) wall += seconds * static_cast<double>(a.decode_tokens);
-      const double host_step = (wall - (ranks.front()->forward_stats()->device_wait_seconds - wait_before)) / timed_steps;
+      const std::string host_step = draws_on_device ? fmt::format("{:.3f}", median(host_seconds) * 1e3) : "-";
       if (sparse) {
         const spin::KvStoreUsage after = factory.usage().value_or(spin::KvStoreUsage{});
         const auto hits = static_cast<double>(after.hits - before.hits);
@@ -674,8 +680,8 @@ void run_cuda(const BenchArgs& a) {
       const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
                            static_cast<double>(batch) * mean_context * kv_bytes_per_token;
       const double bound = static_cast<double>(batch) / (bytes / bandwidth);
-      std::printf("| %lld | %lld | %.1f | %.2f | %.3f | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
-                  static_cast<long long>(context), batch / step, step * 1e3, host_step * 1e3, bytes / 1e9, bound,
+      std::printf("| %lld | %lld | %.1f | %.2f | %s | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
+                  static_cast<long long>(context), batch / step, step * 1e3, host_step.c_str(), bytes / 1e9, bound,
                   100.0 * (batch / step) / bound);
       std::fflush(stdout);
     }
@@ -773,8 +779,8 @@ void run_cuda(const BenchArgs& a) {
   std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps %s\n",
               static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
               static_cast<long long>(s.graphs_captured),
-              a.download_logits ? "include the logits' copy to the host"
-                                : "draw greedy tokens on the GPU and download their ids (as the engine does)");
+              draws_on_device ? "draw greedy tokens on the GPU and download their ids (as the engine does)"
+                              : "include the logits' copy to the host");
 }
 
 #endif

@@ -1729,7 +1729,7 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       const auto n = static_cast<int64_t>(chunk.tokens.size());
       const int64_t end = chunk.pos0 + n;
       const int64_t pages = pages_for(end);
-      if (i >= n_single) {  // prefill: every page, in both layer kinds
+      if (i >= n_single) {  // prefill: every page, in both layer kinds (the low list only in steps with sparse rows)
         const int64_t s = i - n_single;
         for (int64_t h = 0; h < heads; ++h) {
           for (int64_t j = 0; j < pages; ++j) {
