@@ -410,19 +410,18 @@ TEST_F(GpuModelOps, RopeThatStoresPagesEqualsRopeThenStore) {
     };
     const auto run = [&](bool fused) -> Outputs {
       DeviceArray<uint16_t> d_qkv(qkv), d_pool(pool_elems), d_q((q_rows + 1) * q_width);  // poisoned
-      cuda::QkRopeParams p;
-      p.qkv = bf16_ptr(d_qkv);
-      p.row_stride = row_stride;
-      p.positions = d_pos.get();
-      p.n_tokens = c.n_tokens;
-      p.n_heads = c.n_heads;
-      p.n_kv_heads = c.n_kv_heads;
-      p.head_dim = c.head_dim;
-      p.q_norm = c.qk_norm ? bf16_ptr(d_qn) : nullptr;
-      p.k_norm = c.qk_norm ? bf16_ptr(d_kn) : nullptr;
-      p.inv_freq = d_freq.get();
-      p.mscale = table.mscale;
-      p.neox = c.neox;
+      cuda::QkRopeParams p{.qkv = bf16_ptr(d_qkv),
+                           .row_stride = row_stride,
+                           .positions = d_pos.get(),
+                           .n_tokens = c.n_tokens,
+                           .n_heads = c.n_heads,
+                           .n_kv_heads = c.n_kv_heads,
+                           .head_dim = c.head_dim,
+                           .q_norm = c.qk_norm ? bf16_ptr(d_qn) : nullptr,
+                           .k_norm = c.qk_norm ? bf16_ptr(d_kn) : nullptr,
+                           .inv_freq = d_freq.get(),
+                           .mscale = table.mscale,
+                           .neox = c.neox};
       const cuda::QueryCopy q_copy{bf16_ptr(d_q), q_rows};
       if (fused) {
         p.kv_pool = bf16_ptr(d_pool);

@@ -45,7 +45,7 @@ struct QkRopeParams {
   const int32_t* page_of = nullptr;
   const int32_t* slot_of = nullptr;
   int page_size = 0;
-  QueryCopy q_copy;
+  QueryCopy q_copy = {};
 };
 // Per head: optional RMSNorm, then RoPE at positions[t] with angle = position * inv_freq[i];
 // q and k are rewritten in place, and with kv_pool also stored to their pages.
