@@ -149,7 +149,9 @@ double decode_weight_bytes(const spin::ModelWeights& w) {
     for (const spin::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) bytes += matrix(*m);
     bytes += 4.0 * static_cast<double>(l.attn_norm.size() + l.ffn_norm.size() + l.q_norm.size() + l.k_norm.size());
   }
-  return bytes + (w.lm_head.empty() ? matrix(w.tok_embd) : matrix(w.lm_head) + 4.0 * static_cast<double>(w.tok_embd.cols));
+  const double head = w.lm_head.empty() ? matrix(w.tok_embd)
+                                        : matrix(w.lm_head) + 4.0 * static_cast<double>(w.tok_embd.cols);
+  return bytes + head;
 }
 
 void run_cpu(const BenchArgs& a) {
@@ -565,7 +567,8 @@ void run_cuda(const BenchArgs& a) {
                 "retrieved GB/step (GPU 0) | HBM GB/step | bound ms/step | of bound |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   } else {
-    std::printf("\n| batch | context | decode tok/s | ms/step | host ms/step | bytes read/step | bound tok/s | of bound |\n");
+    std::printf("\n| batch | context | decode tok/s | ms/step | host ms/step | bytes read/step | bound tok/s | "
+                "of bound |\n");
     std::printf("|---|---|---|---|---|---|---|---|\n");
   }
   for (int64_t batch : a.batches) {
@@ -646,7 +649,6 @@ void run_cuda(const BenchArgs& a) {
         host_seconds.push_back((wall - waited) / static_cast<double>(a.decode_tokens));
       }
       const double step = median(step_seconds);
-      const std::string host_step = draws_on_device ? fmt::format("{:.3f}", median(host_seconds) * 1e3) : "-";
       if (sparse) {
         const spin::KvStoreUsage after = factory.usage().value_or(spin::KvStoreUsage{});
         const auto hits = static_cast<double>(after.hits - before.hits);
@@ -680,6 +682,7 @@ void run_cuda(const BenchArgs& a) {
       const double bytes = static_cast<double>(ranks.front()->weight_bytes()) - embedding_unread +
                            static_cast<double>(batch) * mean_context * kv_bytes_per_token;
       const double bound = static_cast<double>(batch) / (bytes / bandwidth);
+      const std::string host_step = draws_on_device ? fmt::format("{:.3f}", median(host_seconds) * 1e3) : "-";
       std::printf("| %lld | %lld | %.1f | %.2f | %s | %.2f GB | %.1f | %.0f%% |\n", static_cast<long long>(batch),
                   static_cast<long long>(context), batch / step, step * 1e3, host_step.c_str(), bytes / 1e9, bound,
                   100.0 * (batch / step) / bound);

@@ -1729,13 +1729,16 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
       const auto n = static_cast<int64_t>(chunk.tokens.size());
       const int64_t end = chunk.pos0 + n;
       const int64_t pages = pages_for(end);
-      if (i >= n_single) {  // prefill: every page, in both layer kinds (the low list only in steps with sparse rows)
+      // Prefill: every page, in both layer kinds (the low list only in steps with sparse rows).
+      if (i >= n_single) {
         const int64_t s = i - n_single;
         for (int64_t h = 0; h < heads; ++h) {
           for (int64_t j = 0; j < pages; ++j) {
             const int32_t main = page_id(groups[static_cast<size_t>(j)], h);
             t[at_prefill_pages + prefill_at + j] = main;
-            if (sparse_rows) t[at_low_prefill_pages + prefill_at + j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : main;
+            if (sparse_rows) {
+              t[at_low_prefill_pages + prefill_at + j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : main;
+            }
           }
           prefill_at += pages;
           t[at_prefill_offsets + s * heads + h + 1] = static_cast<int32_t>(prefill_at);
@@ -1754,7 +1757,8 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
         if (sparse_rows) {
           int32_t* low_list = t + at_low_decode_pages + low_decode_at;
           for (int64_t j = 0; j < pages; ++j) {
-            low_list[j] = sp ? low_page_id(sp->low[static_cast<size_t>(j)], h) : page_id(groups[static_cast<size_t>(j)], h);
+            const auto page = static_cast<size_t>(j);
+            low_list[j] = sp ? low_page_id(sp->low[page], h) : page_id(groups[page], h);
           }
           low_decode_at += pages;
         }

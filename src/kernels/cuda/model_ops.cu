@@ -110,14 +110,16 @@ __global__ void __launch_bounds__(kRopeThreads) qk_norm_rope_kernel(QkRopeParams
       if (p.kv_pool && (is_k || is_v)) {
         const int kv_head = h - (is_v ? qk_heads : p.n_heads);
         const int64_t page = p.page_of[t * p.n_kv_heads + kv_head];
-        page_row = p.kv_pool + (page * 2 + (is_v ? 1 : 0)) * page_elems + static_cast<int64_t>(p.slot_of[t]) * p.head_dim;
+        page_row = p.kv_pool + (page * 2 + (is_v ? 1 : 0)) * page_elems +
+                   static_cast<int64_t>(p.slot_of[t]) * p.head_dim;
       }
       if (is_v) {
         for (int i = lane; i < p.head_dim; i += 32) page_row[i] = x[i];
         continue;
       }
       bf16* q_row = !is_k && t < p.q_copy.rows
-                        ? p.q_copy.out + t * static_cast<int64_t>(p.n_heads) * p.head_dim + static_cast<int64_t>(h) * p.head_dim
+                        ? p.q_copy.out + t * static_cast<int64_t>(p.n_heads) * p.head_dim +
+                              static_cast<int64_t>(h) * p.head_dim
                         : nullptr;
       const bf16* norm = is_k ? p.k_norm : p.q_norm;
       float x0[kPairsPerLane], x1[kPairsPerLane];
