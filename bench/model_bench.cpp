@@ -98,6 +98,8 @@ struct BenchArgs {
   double buffer_factor = 5.0;  // cached pages beside a sparse selection, as a multiple of it (serve's default)
   int64_t block_size = 16;    // cuda: tokens per KV page (ShadowKV's chunk is 8)
   std::string seer_gate;      // cuda: seer's trained gate file, `random`, or empty (training-free)
+  double dense_layer_share = 0.2;    // cuda, sparse: the KV pool's share for the first dense layers (serve's)
+  double host_tier_backing_gb = 0.0;  // cuda, sparse: the host tier over this much pinned memory, repeated (0: all its own)
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -479,6 +481,8 @@ void run_cuda(const BenchArgs& a) {
     // One group more than the sequences' pages: the store keeps one for itself.
     kv_config.host_pages =
         (max_batch * ((max_context + kv_config.page_size - 1) / kv_config.page_size) + 1) * pages_per_group;
+    kv_config.host_tier_backing_bytes = static_cast<size_t>(a.host_tier_backing_gb * 1e9);
+    kv_config.dense_layer_share = a.dense_layer_share;
   }
   spin::AttentionSettings settings;
   settings.algorithm = a.sparse_algorithm;
@@ -528,9 +532,14 @@ void run_cuda(const BenchArgs& a) {
                                                      : "by Retrieve, into their slots, before the attention");
     std::printf("| host to device bandwidth (256 MiB pinned cudaMemcpy, median of 5) | %.1f GB/s |\n",
                 link_bandwidth / 1e9);
-    std::printf("| KV host tier (per GPU, pinned) | %.2f GB (pools made in %.1f s) |\n",
-                static_cast<double>(factory.capacity().host_pages * factory.page_size() * rank_shape.head_dim) * 4.0 / 1e9,
-                pool_seconds);
+    const double host_gb =
+        static_cast<double>(factory.capacity().host_pages * factory.page_size() * rank_shape.head_dim) * 4.0 / 1e9;
+    std::printf("| KV host tier (per GPU, pinned) | %.2f GB (pools made in %.1f s) |\n", host_gb, pool_seconds);
+    if (a.host_tier_backing_gb > 0.0 && a.host_tier_backing_gb < host_gb) {
+      std::printf("| KV host tier backing | %.2f GB of pinned memory mapped over and over: the link moves every page's "
+                  "bytes, but sequences share their contents |\n",
+                  a.host_tier_backing_gb);
+    }
   }
 
   std::mt19937 rng(7);
@@ -574,15 +583,20 @@ void run_cuda(const BenchArgs& a) {
   for (int64_t batch : a.batches) {
     for (int64_t context : a.decode_contexts) {
       const int64_t capacity = context + decode_steps_per_sequence(a);
-      // Sparse: every sequence decoding, and the device pages of one still holding its whole context
-      // (until its first decode step frees them; its host pages are counted already).
-      const spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());
+      // Sparse: every sequence decoding with its whole buffer (no engine sizes it here), and the
+      // device pages of one still holding its whole context (until its first decode step frees
+      // them; its host pages are counted already).
+      spin::KvDemand each = factory.demand(settings, capacity, capacity, sparse, factory.page_size());
+      each.device_pages += factory.buffer_streams(settings) * factory.max_buffer_pages(settings, capacity);
       spin::KvDemand need;
       for (int64_t b = 0; b < batch; ++b) need += each;
       if (sparse) need.device_pages += factory.demand(settings, context, capacity, false, factory.page_size()).device_pages;
       if (!need.fits_within(factory.capacity())) {
-        std::printf("| %lld | %lld | (does not fit the pools: %.1f GB of KV) |%s\n", static_cast<long long>(batch),
-                    static_cast<long long>(context), batch * capacity * kv_bytes_per_token / 1e9,
+        std::printf("| %lld | %lld | (does not fit the pools: %.1f GB of KV, %.1f GB of it on the device) |%s\n",
+                    static_cast<long long>(batch), static_cast<long long>(context),
+                    batch * capacity * kv_bytes_per_token / 1e9,
+                    static_cast<double>(need.device_pages + need.dense_layer_pages) * factory.page_size() *
+                        kv_bytes_per_token / static_cast<double>(rank_shape.n_layers * rank_shape.n_kv_heads) / 1e9,
                     sparse ? " | | | | | | |" : " | | | | |");
         continue;
       }
@@ -838,6 +852,16 @@ int main(int argc, char** argv) {
   app.add_option("--seer-gate", a.seer_gate,
                  "cuda, seer: trained gate weights (safetensors), or `random` for the model's shape (default: the "
                  "training-free gate)");
+  app.add_option("--dense-layer-share", a.dense_layer_share,
+                 "cuda, sparse: the KV pool's share for the first dense layers, whose every page stays on the device "
+                 "(larger batches at long contexts need more than serve's default)")
+      ->check(CLI::Range(0.0, 0.95))
+      ->capture_default_str();
+  app.add_option("--host-tier-backing", a.host_tier_backing_gb,
+                 "cuda, sparse: GB of pinned memory that back the KV host tier, mapped over and over, to time batches "
+                 "whose host tier exceeds the machine's RAM (sequences then share host bytes; 0: the tier is its own)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "base/error.h"
+#include "engine/cuda/repeated_host_memory.h"
 #include "kernels/cuda/gather.h"
 
 namespace spin {
@@ -93,6 +95,33 @@ TEST_F(GpuGather, RegisteredHostMemoryIsByteExact) {
   check(host, dev_view, host_pages, 100, 77, page_bytes, 8);
   CUDA_OK(cudaHostUnregister(host));
   std::free(raw);
+}
+
+// The benchmarks' host tier larger than RAM: every copy of the backing reads as the bytes last
+// written through any copy, by Retrieve's gather over the whole range.
+TEST_F(GpuGather, RepeatedHostMemoryServesEveryCopy) {
+  const size_t page_bytes = 8192;
+  RepeatedHostMemory memory(size_t{10} << 20, size_t{4} << 20);
+  ASSERT_GE(memory.backing(), size_t{4} << 20);
+  ASSERT_EQ(memory.backing() % page_bytes, 0u);
+  ASSERT_EQ(memory.size() % memory.backing(), 0u);
+  ASSERT_GE(memory.size(), size_t{10} << 20);
+  const size_t copies = memory.size() / memory.backing();
+  ASSERT_GE(copies, 2u);
+  std::vector<unsigned char> backing(memory.backing());
+  fill(backing.data(), backing.size());
+  auto* base = static_cast<unsigned char*>(memory.data());
+  CUDA_OK(cudaMemcpy(base + (copies - 1) * memory.backing(), backing.data(), backing.size(), cudaMemcpyDefault));
+  std::vector<unsigned char> expect(memory.size());
+  for (size_t c = 0; c < copies; ++c) std::memcpy(expect.data() + c * backing.size(), backing.data(), backing.size());
+  const auto pages = static_cast<int>(memory.size() / page_bytes);
+  check(expect.data(), memory.data(), pages, 200, 180, page_bytes, 8);
+}
+
+TEST_F(GpuGather, RepeatedHostMemoryRejectsBadSizes) {
+  EXPECT_THROW(RepeatedHostMemory(size_t{1} << 20, 0), Error);
+  EXPECT_THROW(RepeatedHostMemory(size_t{1} << 20, size_t{2} << 20), Error);
+  EXPECT_THROW(RepeatedHostMemory(0, 0), Error);
 }
 
 TEST_F(GpuGather, RejectsBadArguments) {

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "base/half.h"
+#include "engine/cuda/repeated_host_memory.h"
 #include "engine/cuda/shadowkv_factors.h"
 #include "engine/paged_attention_factory.h"
 #include "kernels/cuda/fill.h"
@@ -84,6 +85,18 @@ int64_t context_bucket(int64_t tokens) {
 // Quest summary chunks covering `pages` logical pages.
 int64_t summary_chunks_for(int64_t pages) {
   return (pages + cuda::kSummaryChunkPages - 1) / cuda::kSummaryChunkPages;
+}
+
+// The summary chunks a store with a host tier keeps: its host groups' pages, and one chunk more
+// per sequence for the pages not yet written through.
+int64_t store_summary_chunks(const AttentionShape& shape, const CudaPagedKvConfig& c) {
+  return summary_chunks_for(c.host_pages / (shape.n_layers * shape.n_kv_heads)) + c.max_batch;
+}
+
+// Elements (bf16) of the summaries of `chunks` chunks: each page's key minimum and maximum.
+size_t summary_elems(const AttentionShape& shape, int64_t chunks) {
+  return static_cast<size_t>(shape.n_layers * chunks * shape.n_kv_heads * cuda::kSummaryChunkPages * 2 *
+                             shape.head_dim);
 }
 
 // A host-tier sequence's decode step whose token goes to position `pos`: its window, the pages it
@@ -466,7 +479,8 @@ class CudaKvStore final : public DeviceAttention {
   bool fetch_in_attention_ = true;
   size_t page_elems_ = 0;     // bf16 elements of one page (K then V)
   DeviceBuffer<bf16> pool_;
-  bf16* host_ = nullptr;      // the host tier (cudaHostAlloc, mapped)
+  bf16* host_ = nullptr;      // the host tier (cudaHostAlloc, mapped), unless host_copies_ stands in
+  std::unique_ptr<RepeatedHostMemory> host_copies_;  // host_tier_backing_bytes, repeated (benchmarks)
   bf16* host_device_ = nullptr;
   DeviceBuffer<bf16> summaries_;
   DeviceBuffer<int32_t> slot_page_;
@@ -606,6 +620,15 @@ PoolSizes pool_sizes(const AttentionShape& shape, const CudaPagedKvConfig& c) {
                c.gpu_memory_utilization, total_bytes / 1e9, std::max(budget, 0.0) / 1e9, in_use / 1e9,
                kPoolMarginBytes / 1e9);
     budget -= group_bytes;  // the padding rows' scratch group
+    // The page summaries, made after the pool: a page's worth for every page_size pages of the host
+    // tier (22 GB beside a 344 GB tier).
+    if (c.host_pages > 0) {
+      budget -= static_cast<double>(summary_elems(shape, store_summary_chunks(shape, c)) * sizeof(bf16));
+      SPIN_CHECK(budget >= group_bytes,
+                 "--gpu-memory-utilization {} leaves no room for a KV pool beside the summaries of a {:.1f} GB host "
+                 "tier (--kv-host-pages {}); raise it or shrink the host tier",
+                 c.gpu_memory_utilization, static_cast<double>(c.host_pages) * page_bytes / 1e9, c.host_pages);
+    }
     // Seer's trained gate, uploaded after the pool where it can run.
     if (c.seer_gate && c.host_pages > 0 && !c.rope.inv_freq.empty() && trained_seer_blocks_fit(c.page_size))
       budget -= static_cast<double>((c.seer_gate->k.size() + c.seer_gate->q.size()) * sizeof(bf16));
@@ -637,10 +660,7 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
                                         1, c.host_pages / (shape.n_layers * shape.n_kv_heads) - 1))
                                   : 0),
       chunk_pool_("CUDA KV summary chunks",
-                  c.host_pages > 0 ? static_cast<uint32_t>(
-                                         summary_chunks_for(c.host_pages / (shape.n_layers * shape.n_kv_heads)) +
-                                         c.max_batch)
-                                   : 0) {
+                  c.host_pages > 0 ? static_cast<uint32_t>(store_summary_chunks(shape, c)) : 0) {
   group_size_ = shape.n_heads / shape.n_kv_heads;
   q_width_ = shape.n_heads * shape.head_dim;
   groups_total_ = int64_t{groups_.capacity()} + 1;
@@ -658,20 +678,22 @@ CudaKvStore::CudaKvStore(const AttentionShape& shape, const CudaPagedKvConfig& c
     host_groups_total_ = int64_t{host_pool_.capacity()} + 1;
     chunks_total_ = chunk_pool_.capacity();
     const size_t host_bytes = static_cast<size_t>(host_groups_total_ * pages_per_group()) * page_elems_ * sizeof(bf16);
-    void* host = nullptr;
-    const cudaError_t pinned = cudaHostAlloc(&host, host_bytes, cudaHostAllocMapped);
-    if (pinned != cudaSuccess) {
-      cudaGetLastError();
-      fail("cannot pin {:.2f} GB of host memory for the KV host tier (--kv-host-pages): {}", host_bytes / 1e9,
-           cudaGetErrorString(pinned));
+    if (c.host_tier_backing_bytes > 0 && c.host_tier_backing_bytes < host_bytes) {
+      host_copies_ = std::make_unique<RepeatedHostMemory>(host_bytes, c.host_tier_backing_bytes);
+      host_device_ = static_cast<bf16*>(host_copies_->data());
+    } else {
+      void* host = nullptr;
+      if (const cudaError_t pinned = cudaHostAlloc(&host, host_bytes, cudaHostAllocMapped); pinned != cudaSuccess) {
+        cudaGetLastError();
+        fail("cannot pin {:.2f} GB of host memory for the KV host tier (--kv-host-pages): {}", host_bytes / 1e9,
+             cudaGetErrorString(pinned));
+      }
+      host_ = static_cast<bf16*>(host);
+      void* mapped = nullptr;
+      cuda_check(cudaHostGetDevicePointer(&mapped, host, 0), "host tier mapping");
+      host_device_ = static_cast<bf16*>(mapped);
     }
-    host_ = static_cast<bf16*>(host);
-    void* mapped = nullptr;
-    cuda_check(cudaHostGetDevicePointer(&mapped, host, 0), "host tier mapping");
-    host_device_ = static_cast<bf16*>(mapped);
-    summaries_.reserve(static_cast<size_t>(shape.n_layers * chunks_total_ * shape.n_kv_heads * cuda::kSummaryChunkPages *
-                                           2 * shape.head_dim),
-                       "Quest page summaries");
+    summaries_.reserve(summary_elems(shape, chunks_total_), "Quest page summaries");
     const auto state = static_cast<size_t>(groups_total_ * pages_per_group());
     slot_page_.reserve(state, "KV cache slot table");
     slot_stamp_.reserve(state, "KV cache slot stamps");

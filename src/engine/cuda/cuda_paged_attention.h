@@ -79,6 +79,10 @@ struct CudaPagedKvConfig {
   // Host tier in pages (one layer x KV head each), pinned and mapped; 0: none, and only `dense`
   // runs. Sparse requests hold their whole KV there after the prefill.
   int64_t host_pages = 0;
+  // Benchmarks only: when > 0 and below the host tier's bytes, the tier is this much pinned memory
+  // mapped over and over (RepeatedHostMemory), so a tier larger than the machine's RAM can be
+  // timed. Sequences then share their host pages' bytes: their KV is not kept apart.
+  size_t host_tier_backing_bytes = 0;
   // With a host tier: the share of the device pool's bytes for the first dense layers of sparse
   // requests (every page of those layers stays on the device).
   double dense_layer_share = 0.2;
