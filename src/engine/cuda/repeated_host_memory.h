@@ -13,8 +13,8 @@ namespace spin {
 class RepeatedHostMemory {
  public:
   // For the current device; bytes > 0 and backing in (0, bytes]. The backing is rounded up to
-  // the allocation granularity, bytes up to whole copies. Only the device may read and write it. Throws spin::Error with the
-  // reason when the driver cannot make it.
+  // the allocation granularity, bytes up to whole copies. Only the device may read and write it.
+  // Throws spin::Error with the reason when the driver cannot make it.
   RepeatedHostMemory(size_t bytes, size_t backing);
   ~RepeatedHostMemory();
   RepeatedHostMemory(const RepeatedHostMemory&) = delete;
@@ -25,12 +25,13 @@ class RepeatedHostMemory {
   size_t backing() const { return backing_; }
 
  private:
+  void release();
+
   unsigned long long address_ = 0;  // CUdeviceptr
   size_t size_ = 0;
   size_t backing_ = 0;
   unsigned long long allocation_ = 0;  // CUmemGenericAllocationHandle
   size_t mapped_ = 0;  // bytes of address_ mapped so far (what the destructor unmaps)
-  void release();
 };
 
 }  // namespace spin
