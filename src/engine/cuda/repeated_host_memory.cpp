@@ -4,20 +4,17 @@
 #include <cuda_runtime.h>
 
 #include "base/error.h"
+#include "kernels/cuda/driver_entry_point.h"
 
 namespace spin {
 namespace {
 
-// The driver's entry points through the runtime: no link-time dependency on libcuda, so the
-// binaries still start on machines without a GPU driver.
+// The driver's functions, or an error naming the one it lacks.
 template <typename Fn>
 Fn driver_function(const char* name) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  const cudaError_t status = cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found);
-  SPIN_CHECK(status == cudaSuccess && found == cudaDriverEntryPointSuccess && fn != nullptr,
-             "the CUDA driver has no {}: {}", name, cudaGetErrorString(status));
-  return reinterpret_cast<Fn>(fn);
+  const auto fn = cuda::driver_entry_point<Fn>(name);
+  SPIN_CHECK(fn != nullptr, "the CUDA driver has no {}", name);
+  return fn;
 }
 
 struct Driver {

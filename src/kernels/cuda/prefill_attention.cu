@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/copy_async.cuh"
+#include "kernels/cuda/driver_entry_point.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/per_device.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -762,17 +763,9 @@ cudaError_t launch(const PagedPrefillParams& p, __nv_bfloat16* out, cudaStream_t
   return cudaGetLastError();
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link-time libcuda), or null.
+// cuTensorMapEncodeTiled, or null where the driver has none.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    return cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) ==
-                       cudaSuccess &&
-                   found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f)
-               : nullptr;
-  }();
+  static const auto fn = driver_entry_point<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled");
   return fn;
 }
 
