@@ -956,6 +956,10 @@ TEST_F(GpuRetroInfer, EstimateMergesClusterTermsIntoTheAttentionOutput) {
         // Several splits of the zone (each item has fewer clusters than splits * 8 warps: some
         // splits have none) and one.
         p.splits = chance(0.5) ? 1 : uniform(2, 5);
+        // The selected pages' rank table covers every item, or only sequence 1's candidates (sequence
+        // 0's are then searched in its list).
+        p.max_candidates = chance(0.5) ? std::max(end[0] - first[0], end[1] - first[1]) + uniform(0, 40)
+                                       : end[1] - first[1];
         DeviceArray<float> d_partials(
             static_cast<size_t>(cuda::retroinfer_estimate_scratch(kItems, group, head_dim, p.splits)));
         CUDA_OK(d_partials.status());
@@ -1199,6 +1203,7 @@ TEST_F(GpuRetroInfer, RejectsBadParams) {
   EXPECT_EQ(estimate_with([](auto& p) { p.out = nullptr; }), cudaErrorInvalidValue);
   EXPECT_EQ(estimate_with([](auto& p) { p.partials = nullptr; }), cudaErrorInvalidValue);
   EXPECT_EQ(estimate_with([](auto& p) { p.splits = 0; }), cudaErrorInvalidValue);
+  EXPECT_EQ(estimate_with([](auto& p) { p.max_candidates = -1; }), cudaErrorInvalidValue);
   CUDA_OK(cudaDeviceSynchronize());
 }
 

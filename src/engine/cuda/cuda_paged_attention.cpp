@@ -2433,6 +2433,7 @@ void CudaKvStore::forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out
       e.out = out;
       e.splits = cuda::retroinfer_estimate_splits(step_.max_clusters);
       e.partials = estimate_partials_.get();
+      e.max_candidates = static_cast<int>(step_.max_candidates);
       cuda_check(cuda::retroinfer_estimate(e, stream), "RetroInfer estimation");
     }
     mark(5);

@@ -494,11 +494,17 @@ __device__ __forceinline__ int num_slots(const RetroInferSelectParams& p, int se
 }
 
 // Pass 1, block (256 slots, item): logits of the non-empty slots (-inf for the others) and the
-// block's (max, sum of exp) per query head.
+// block's (max, sum of exp) per query head. A warp takes its 32 slots 4 at a time, 8 lanes over
+// each centroid (whole 32-byte sectors), then lane L keeps slot L's dots. q sits in shared memory
+// in per-lane chunks padded by 4 floats, so the 8 chunks a warp reads at once fall in distinct banks.
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelectParams p) {
   enter_dependent_grid();
-  __shared__ float q[G][D];
+  constexpr int kSlotLanes = 8;
+  constexpr int kVecs = D / (8 * kSlotLanes);  // 16-byte pieces of a centroid per lane
+  constexpr int kDims = kVecs * 8;
+  constexpr int kSlotsAtOnce = 32 / kSlotLanes;
+  __shared__ __align__(16) float q[G][kSlotLanes][kDims + 4];
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
   const int seq = item / heads, h = item % heads;
@@ -507,33 +513,79 @@ __global__ void __launch_bounds__(kThreads) retro_logits_kernel(RetroInferSelect
   if (blockIdx.x == 0 && threadIdx.x < 2) p.zone_tallies[item * 2 + threadIdx.x] = 0;
   if (c0 >= n) return;  // whole block
   const bf16* qh = p.q + static_cast<int64_t>(item) * G * D;
-  for (int k = threadIdx.x; k < G * D; k += kThreads) q[k / D][k % D] = __bfloat162float(qh[k]) * p.scale;
+  for (int k = threadIdx.x; k < G * D; k += kThreads) {
+    const int g = k / D, d = k % D;
+    q[g][d / kDims][d % kDims] = __bfloat162float(qh[k]) * p.scale;
+  }
   __syncthreads();
-  const int c = c0 + static_cast<int>(threadIdx.x);
-  float dot[G];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int sub = lane / kSlotLanes, part = lane % kSlotLanes;
+  const int32_t* dir = p.dir + p.dir_offsets[seq];
+  float mine[G];
 #pragma unroll
-  for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
+  for (int g = 0; g < G; ++g) mine[g] = -INFINITY;
+  for (int round = 0; round < 32 / kSlotsAtOnce; ++round) {
+    const int c = c0 + warp * 32 + round * kSlotsAtOnce + sub;
+    float dot[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+    bool live = false;
+    if (c < n) {
+      const Record rec = slot_record(p.records, dir, h, c);
+      const int sc = c % p.records.slots;
+      live = rec.size(sc) > 0;
+      if (live) {
+        const uint4* row = reinterpret_cast<const uint4*>(rec.centroid(sc)) + part * kVecs;
+#pragma unroll
+        for (int v = 0; v < kVecs; ++v) {
+          const uint4 raw = __ldg(row + v);
+          const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+          for (int e4 = 0; e4 < 2; ++e4) {
+            const float2 lo = __bfloat1622float2(x[e4 * 2]), hi = __bfloat1622float2(x[e4 * 2 + 1]);
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+              const float4 qv = *reinterpret_cast<const float4*>(&q[g][part][v * 8 + e4 * 4]);
+              dot[g] = fmaf(qv.x, lo.x, dot[g]);
+              dot[g] = fmaf(qv.y, lo.y, dot[g]);
+              dot[g] = fmaf(qv.z, hi.x, dot[g]);
+              dot[g] = fmaf(qv.w, hi.y, dot[g]);
+            }
+          }
+        }
+      }
+    }
+    const bool owner = lane / kSlotsAtOnce == round;  // lane L keeps slot L
+    const int from = (lane % kSlotsAtOnce) * kSlotLanes;
+    const bool live_from = __shfl_sync(kFull, live, from);
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int offset = kSlotLanes / 2; offset > 0; offset >>= 1) dot[g] += __shfl_xor_sync(kFull, dot[g], offset);
+      const float got = __shfl_sync(kFull, dot[g], from);
+      if (owner && live_from) mine[g] = got;
+    }
+  }
+  const int c = c0 + static_cast<int>(threadIdx.x);
   if (c < n) {
-    const int32_t* dir = p.dir + p.dir_offsets[seq];
-    const Record rec = slot_record(p.records, dir, h, c);
-    const int sc = c % p.records.slots;
-    if (rec.size(sc) > 0) dot_rows<D, G>(rec.centroid(sc), q, dot);
     float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_clusters + c;
 #pragma unroll
-    for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_clusters] = dot[g];
+    for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_clusters] = mine[g];
   }
-  block_softmax_partials<G, kWarps>(dot, p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
-                                              (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
+  block_softmax_partials<G, kWarps>(mine, p.logits + static_cast<int64_t>(p.num_seqs) * heads * G * p.max_clusters +
+                                               (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
 }
 
-// Pass 2, block (256 slots, item): the normalisers from every block's partials, then the totals.
+// Pass 2, block (256 slots, item): the normalisers from every block's partials, then the totals,
+// and each slot's total over its size in row 0 of the item's logits (read, per token, by the page
+// scores: one gather there instead of the size's record and the total).
 template <int G>
 __global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelectParams p) {
   enter_dependent_grid();
   __shared__ float norm_max[G], norm_scale[G];
   const int item = blockIdx.y;
   const int heads = p.records.num_kv_heads;
-  const int seq = item / heads;
+  const int seq = item / heads, h = item % heads;
   const int n = num_slots(p, seq);
   const int c0 = static_cast<int>(blockIdx.x) * kThreads;
   if (c0 >= n) return;  // whole block
@@ -557,13 +609,20 @@ __global__ void __launch_bounds__(kThreads) retro_totals_kernel(RetroInferSelect
     }
     p.totals[static_cast<int64_t>(item) * p.max_clusters + c] = total;
     p.zone_flags[static_cast<int64_t>(item) * p.max_clusters + c] = 0;
+    float per_token = 0.0f;
+    if (non_empty) {
+      const Record rec = slot_record(p.records, p.dir + p.dir_offsets[seq], h, c);
+      per_token = total / static_cast<float>(rec.size(c % p.records.slots));
+    }
+    p.logits[static_cast<int64_t>(item) * G * p.max_clusters + c] = per_token;
   }
   const int count = __syncthreads_count(non_empty);
   if (threadIdx.x == 0 && count > 0) atomicAdd(&p.zone_tallies[item * 2 + 1], count);
 }
 
 // Block (256 pages, item): a clustered candidate's estimated attention, its tokens' cluster totals
-// over the clusters' sizes.
+// over the clusters' sizes (the totals pass's per-token shares), the cluster ids read 16 bytes at a
+// time.
 __global__ void __launch_bounds__(kThreads) retro_page_scores_kernel(RetroInferSelectParams p) {
   enter_dependent_grid();
   const int item = blockIdx.y;
@@ -576,11 +635,17 @@ __global__ void __launch_bounds__(kThreads) retro_page_scores_kernel(RetroInferS
   if (page < p.clustered_pages[seq]) {
     const int32_t* dir = p.dir + p.dir_offsets[seq];
     const Record rec = record_of(p.records, dir, h, page);
-    const float* totals = p.totals + static_cast<int64_t>(item) * p.max_clusters;
+    const float* per_token = p.logits + static_cast<int64_t>(item) * p.group * p.max_clusters;
+    const int4* ids = reinterpret_cast<const int4*>(&rec.cluster(0));
     mass = 0.0f;
-    for (int t = 0; t < p.records.page_size; ++t) {
-      const int c = rec.cluster(t);
-      mass += totals[c] / static_cast<float>(slot_record(p.records, dir, h, c).size(c % p.records.slots));
+#pragma unroll 4
+    for (int t = 0; t < p.records.page_size / 4; ++t) {
+      const int4 c = ids[t];
+      const float a = per_token[c.x], b = per_token[c.y], d = per_token[c.z], e = per_token[c.w];
+      mass += a;
+      mass += b;
+      mass += d;
+      mass += e;
     }
   }
   p.page_scores[static_cast<int64_t>(item) * p.max_candidates + (page - first)] = mass;
@@ -598,7 +663,14 @@ __global__ void __launch_bounds__(kThreads) retro_zone_flags_kernel(RetroInferSe
   if (find_sorted(p.selected + p.selected_offsets[item], p.selected_counts[item], page) >= 0) return;
   const Record rec = record_of(p.records, p.dir + p.dir_offsets[seq], h, page);
   uint8_t* flags = p.zone_flags + static_cast<int64_t>(item) * p.max_clusters;
-  for (int t = 0; t < p.records.page_size; ++t) flags[rec.cluster(t)] = 1;
+  const int4* ids = reinterpret_cast<const int4*>(&rec.cluster(0));
+  for (int t = 0; t < p.records.page_size / 4; ++t) {
+    const int4 c = ids[t];
+    flags[c.x] = 1;
+    flags[c.y] = 1;
+    flags[c.z] = 1;
+    flags[c.w] = 1;
+  }
 }
 
 // Block (256 slots, item): zone scores, and the flagged clusters counted.
@@ -630,11 +702,57 @@ __global__ void retro_zone_count_kernel(RetroInferSelectParams p, int items) {
 // ---------------------------------------------------------------------------------------------
 // Estimate
 
+// Where a page sits among an item's selected pages (ascending), from a table in shared memory:
+// a bit per candidate page and, per 32 of them, the selected pages before. A member's lookup is
+// two shared loads instead of a binary search over the list in global memory.
+struct SelectedRanks {
+  uint32_t* bits;
+  int32_t* before;
+  int first;
+
+  __device__ int rank(int page) const {
+    const int off = page - first;
+    const uint32_t word = bits[off >> 5], bit = 1u << (off & 31);
+    return word & bit ? before[off >> 5] + __popc(word & (bit - 1)) : -1;
+  }
+};
+
+// Fills the table for candidates [first, first + 32 * words); every thread of the block calls it.
+__device__ void build_selected_ranks(const SelectedRanks& t, int words, const int32_t* selected, int k) {
+  for (int w = threadIdx.x; w < words; w += blockDim.x) t.bits[w] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < k; j += blockDim.x) {
+    const int off = selected[j] - t.first;
+    atomicOr(&t.bits[off >> 5], 1u << (off & 31));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    int carry = 0;
+    for (int w0 = 0; w0 < words; w0 += 32) {
+      const int w = w0 + lane;
+      const int count = w < words ? __popc(t.bits[w]) : 0;
+      int inclusive = count;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int below = __shfl_up_sync(kFull, inclusive, offset);
+        if (lane >= offset) inclusive += below;
+      }
+      if (w < words) t.before[w] = carry + inclusive - count;
+      carry += __shfl_sync(kFull, inclusive, 31);
+    }
+  }
+  __syncthreads();
+}
+
 // Block (split, item): the zone clusters z = split * kWarps + warp (+ splits * kWarps ...), one per
 // warp at a time. The lanes take 32 members at once and find where each one's page sits in the
-// attention list; the values of the attended ones are subtracted one by one (lanes over dims).
+// attention list (selected pages by the block's rank table, or by binary search for an item with
+// more candidates than the table holds); the values of the attended ones are subtracted one by one
+// (lanes over dims).
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroInferEstimateParams p) {
+  extern __shared__ uint32_t rank_table[];  // [2 * retroinfer_rank_words(max_candidates)]
   enter_dependent_grid();
   constexpr int V = D / 32;
   __shared__ float q[G][D];
@@ -654,6 +772,10 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
   const int first = p.first_candidate[seq], end = p.end_candidate[seq];
   const int32_t* selected = p.selected + p.selected_offsets[item];
   const int k = p.selected_counts[item];
+  const int table_words = retroinfer_rank_words(p.max_candidates);
+  const SelectedRanks ranks{rank_table, reinterpret_cast<int32_t*>(rank_table + table_words), first};
+  const bool by_table = end - first <= p.max_candidates;
+  if (by_table) build_selected_ranks(ranks, (end - first + 31) / 32, selected, k);
   const int32_t* list = p.decode_pages + p.decode_offsets[item];
   const int32_t* fills = p.fill_pages ? p.fill_pages + p.decode_offsets[item] : nullptr;
   const int64_t page_elems = int64_t{2} * ps * D;
@@ -688,7 +810,7 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
           at = page;
         } else if (page >= end) {
           at = first + k + (page - end);
-        } else if (const int j = find_sorted(selected, k, page); j >= 0) {
+        } else if (const int j = by_table ? ranks.rank(page) : find_sorted(selected, k, page); j >= 0) {
           at = first + j;
         }
       }
@@ -781,15 +903,25 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_merge_kernel(RetroInf
 }
 
 template <int D, int G>
-void launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  launch(retro_estimate_partial_kernel<D, G>, dim3(static_cast<unsigned>(p.splits), items), kThreads, 0, stream, p);
+cudaError_t launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
+  const auto partial = retro_estimate_partial_kernel<D, G>;
+  const size_t table_bytes = size_t{2} * sizeof(uint32_t) * retroinfer_rank_words(p.max_candidates);
+  // Past 8 KB (32K candidate pages, about 500K tokens at 16-token pages) the table needs the opt-in.
+  if (table_bytes > 8192) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(partial, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(table_bytes));
+    if (e != cudaSuccess) return e;
+  }
+  launch(partial, dim3(static_cast<unsigned>(p.splits), items), kThreads, table_bytes, stream, p);
   launch(retro_estimate_merge_kernel<D, G>, items, kThreads, 0, stream, p);
+  return cudaSuccess;
 }
 
 template <int D>
 cudaError_t launch_estimate(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  with_group(p.group, [&](auto g) { launch_estimate_passes<D, decltype(g)::value>(p, items, stream); });
-  return cudaGetLastError();
+  cudaError_t e = cudaSuccess;
+  with_group(p.group, [&](auto g) { e = launch_estimate_passes<D, decltype(g)::value>(p, items, stream); });
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <int D, int G>
@@ -899,7 +1031,7 @@ cudaError_t retroinfer_zone(const RetroInferSelectParams& p, cudaStream_t stream
 cudaError_t retroinfer_estimate(const RetroInferEstimateParams& p, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.records.num_kv_heads;
   if (p.num_seqs < 0 || items > 65535 || !valid_records(p.records) || p.group < 1 || p.group > 8 || p.splits < 1 ||
-      p.splits > 65535)
+      p.splits > 65535 || p.max_candidates < 0 || p.max_candidates > (1 << 20))
     return cudaErrorInvalidValue;
   if (items == 0) return cudaSuccess;
   if (!p.q || !p.dir || !p.dir_offsets || !p.first_candidate || !p.end_candidate || !p.selected ||
