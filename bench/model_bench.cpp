@@ -30,6 +30,11 @@
 //   step against the ideal envelope (Belady's fetches over the same selections and cache slots).
 //   --seer-gate FILE|random: seer with a trained gate (`random`: weights of the model's shape drawn
 //   here, for timing).
+//   --context-source ledger: each sequence's context is instead a ledger-like token stream (entries
+//   that reuse a few names, things and places, as spin eval's documents) computed by a chunked
+//   prefill, and every decode step feeds each sequence's greedy token back: selections then move
+//   as the model's attention moves, not at random (with --load-format dummy, a random-weight
+//   model's). Sequences must not share host bytes (no --host-tier-backing).
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
@@ -52,6 +57,7 @@
 #include "model/transformer.h"
 #ifdef SPIN_WITH_CUDA
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
 #include "kernels/cuda/module_loading.h"
@@ -100,6 +106,7 @@ struct BenchArgs {
   std::string seer_gate;      // cuda: seer's trained gate file, `random`, or empty (training-free)
   double dense_layer_share = 0.2;    // cuda, sparse: the KV pool's share for the first dense layers (serve's)
   double host_tier_backing_gb = 0.0;  // cuda, sparse: the host tier over this much pinned memory, repeated (0: all its own)
+  std::string context_source = "random";  // cuda: random pages and tokens, or `ledger` (prefilled, greedy decode)
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -421,6 +428,28 @@ int64_t decode_steps_per_sequence(const BenchArgs& a) { return 1 + untimed_steps
 // + 2 logit-row choices, each 2 untimed steps + the timed ones, with room to spare.
 int64_t sampling_comparison_steps(const BenchArgs& a) { return 6 * a.decode_tokens * (a.repeats + 2); }
 
+// `n` token ids of a ledger in the shape of spin eval's documents ("Entry 12: Chen moved the red box
+// to the attic."), built from a fixed lexicon of ids below 1100 instead of a tokenizer's: a
+// random-weight model only tells tokens apart, so what matters is which ones repeat where.
+std::vector<int32_t> ledger_tokens(int64_t n, uint64_t seed) {
+  constexpr int32_t kBase = 1000, kEntry = kBase, kDigit0 = kBase + 1, kColon = kBase + 11, kMoved = kBase + 12,
+                    kTo = kBase + 13, kThe = kBase + 14, kPeriod = kBase + 15, kNewline = kBase + 16,
+                    kNames = kBase + 20, kAdjectives = kBase + 40, kThings = kBase + 60, kPlaces = kBase + 80;
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> out{kBase + 99, kBase + 98, kBase + 97, kNewline};  // the title
+  for (int64_t entry = 1; static_cast<int64_t>(out.size()) < n; ++entry) {
+    out.push_back(kEntry);
+    for (const char digit : std::to_string(entry)) out.push_back(kDigit0 + (digit - '0'));
+    const auto pick = [&](int32_t first) { return first + static_cast<int32_t>(rng() % 8); };
+    const int32_t thing = static_cast<int32_t>(rng() % 8);
+    for (const int32_t t : {kColon, pick(kNames), kMoved, kThe, kAdjectives + thing, kThings + thing, kTo, kThe,
+                            pick(kPlaces), kPeriod, kNewline})
+      out.push_back(t);
+  }
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 void run_cuda(const BenchArgs& a) {
   spin::LoadOptions load = load_options(a);
   load.dummy_weights_on_host = false;
@@ -546,6 +575,7 @@ void run_cuda(const BenchArgs& a) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
   std::vector<float> logits;
   std::vector<std::string> breakdown_rows;  // sparse, one GPU: where the step's time goes
+  std::vector<std::string> ledger_notes;    // --context-source ledger: how much the greedy decode varies
   for (int64_t n : a.prefill_lengths) {
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int32_t& t : prompt) t = token(rng);
@@ -568,6 +598,11 @@ void run_cuda(const BenchArgs& a) {
 
   // Decode steps draw their tokens where the engine would (see decode_step below).
   const bool draws_on_device = !a.download_logits && model->samples_on_device();
+  const bool ledger = a.context_source == "ledger";
+  SPIN_CHECK(!ledger || draws_on_device,
+             "--context-source ledger feeds the GPU's greedy tokens back: not with --download-logits or tensor parallelism");
+  SPIN_CHECK(!ledger || a.host_tier_backing_gb == 0.0,
+             "--context-source ledger: sequences sharing host bytes (--host-tier-backing) would read each other's KV");
   if (sparse) {
     // The bound of a sparse step: the bytes it reads from HBM (weights; every page of the dense
     // layers; sinks, selection and window of the sparse ones) at the device copy rate, plus the
@@ -613,9 +648,10 @@ void run_cuda(const BenchArgs& a) {
       // One decode step of sequences [first, end), as the engine runs one: the next tokens drawn on
       // the GPU (greedy) and only their ids downloaded; --download-logits, or a model that draws on
       // the host (tensor parallel), copies every row's logits to the host instead.
+      // A ledger's sequences decode their own greedy tokens (ids[b]: the next one to feed).
       auto decode_step = [&](int64_t first, int64_t end) {
         for (int64_t b = first; b < end; ++b) {
-          ids[b] = token(rng);
+          if (!ledger) ids[b] = token(rng);
           chunks[b - first] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
         }
         const auto n = static_cast<size_t>(end - first);
@@ -624,12 +660,27 @@ void run_cuda(const BenchArgs& a) {
         } else {
           model->forward_sampled(std::span(chunks).first(n), std::span(greedy).first(n), c.vocab_size, {}, logits,
                                  drawn);
+          if (ledger) std::copy(drawn.begin(), drawn.end(), ids.begin() + first);
         }
+      };
+      // The ledger's context of sequence b, prefilled in chunks; its next token is fed first.
+      auto prefill_ledger = [&](int64_t b) {
+        const std::vector<int32_t> text = ledger_tokens(context + 1, 1000 + static_cast<uint64_t>(b));
+        for (int64_t pos = 0; pos < context; pos += a.prefill_chunk) {
+          const int64_t len = std::min(a.prefill_chunk, context - pos);
+          spin::SequenceChunk chunk{std::span<const int32_t>(text).subspan(pos, len), pos, seqs[b].get()};
+          model->forward(std::span(&chunk, 1), false, logits);
+        }
+        ids[b] = text[context];
       };
       std::vector<double> first_steps;
       for (int64_t b = 0; b < batch; ++b) {
         seqs.push_back(create_kv(capacity));
-        append_uncomputed(*seqs.back(), context);
+        if (ledger) {
+          prefill_ledger(b);
+        } else {
+          append_uncomputed(*seqs.back(), context);
+        }
         if (!sparse) continue;
         const auto start = clock_type::now();
         decode_step(b, b + 1);  // indexes its context and frees the prefill's pages
@@ -639,12 +690,29 @@ void run_cuda(const BenchArgs& a) {
       // breakdown's profiled steps (on one GPU) or as many graph steps, which fill the caches.
       decode_step(0, batch);
       decode_step(0, batch);
+      // A ledger's untimed steps also count the distinct tokens each sequence's greedy decode draws:
+      // a decode looping over a few tokens would keep its selections still.
+      std::vector<std::unordered_set<int32_t>> drawn_tokens(static_cast<size_t>(batch));
+      int64_t untimed = 0;
+      const auto untimed_step = [&] {
+        decode_step(0, batch);
+        ++untimed;
+        if (ledger)
+          for (int64_t b = 0; b < batch; ++b) drawn_tokens[b].insert(ids[b]);
+      };
       std::optional<SparseProfile> profile;
       if (caches_pages(a) && world == 1) {
-        profile = profile_sparse_steps(*ranks.front(), *rank_factories.front(), settings, capacity,
-                                       [&] { decode_step(0, batch); }, a.cuda_graphs);
+        profile = profile_sparse_steps(*ranks.front(), *rank_factories.front(), settings, capacity, untimed_step,
+                                       a.cuda_graphs);
       } else if (caches_pages(a)) {
-        for (int64_t i = 0; i < cache_fill_steps(a); ++i) decode_step(0, batch);
+        for (int64_t i = 0; i < cache_fill_steps(a); ++i) untimed_step();
+      }
+      if (ledger && untimed > 0) {
+        std::vector<double> counts;
+        for (const auto& d : drawn_tokens) counts.push_back(static_cast<double>(d.size()));
+        ledger_notes.push_back(fmt::format("batch {}, context {}: {} distinct tokens per sequence (median) in {} "
+                                           "untimed greedy steps",
+                                           batch, context, median(counts), untimed));
       }
       const int64_t timed_from = seqs.front()->length();
       const spin::KvStoreUsage before = factory.usage().value_or(spin::KvStoreUsage{});
@@ -653,6 +721,8 @@ void run_cuda(const BenchArgs& a) {
       // tensor parallelism also waiting for the other ranks). Not measured where the logits are
       // copied to pageable host memory: that copy waits for the whole forward itself.
       std::vector<double> step_seconds, host_seconds;
+      // A range profilers can filter on (ncu --nvtx --nvtx-include "timed decode/").
+      nvtxRangePushA("timed decode");
       for (int r = 0; r < a.repeats; ++r) {
         const double wait_before = ranks.front()->forward_stats()->device_wait_seconds;
         const auto t = clock_type::now();
@@ -662,6 +732,7 @@ void run_cuda(const BenchArgs& a) {
         step_seconds.push_back(wall / static_cast<double>(a.decode_tokens));
         host_seconds.push_back((wall - waited) / static_cast<double>(a.decode_tokens));
       }
+      nvtxRangePop();
       const double step = median(step_seconds);
       if (sparse) {
         const spin::KvStoreUsage after = factory.usage().value_or(spin::KvStoreUsage{});
@@ -792,6 +863,10 @@ void run_cuda(const BenchArgs& a) {
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
+  if (!ledger_notes.empty()) {
+    std::printf("\nContexts: ledgers computed by a prefill; decode feeds each sequence's greedy token back.\n\n");
+    for (const std::string& note : ledger_notes) std::printf("- %s\n", note.c_str());
+  }
   const spin::ForwardStats s = *ranks.front()->forward_stats();
   std::printf("\nsteps: %lld eager, %lld graph replays (%lld graphs captured); decode steps %s\n",
               static_cast<long long>(s.eager_steps), static_cast<long long>(s.graph_replays),
@@ -862,6 +937,11 @@ int main(int argc, char** argv) {
                  "whose host tier exceeds the machine's RAM (sequences then share host bytes; 0: the tier is its own)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--context-source", a.context_source,
+                 "cuda: random (decode contexts' KV pages left random, random decode tokens) | ledger (each context a "
+                 "ledger-like token stream computed by a prefill; decode feeds the greedy tokens back)")
+      ->check(CLI::IsMember({"random", "ledger"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -874,6 +954,7 @@ int main(int argc, char** argv) {
     SPIN_CHECK(a.sparse_budget >= 0, "--sparse-budget must be >= 0, got {}", a.sparse_budget);
     SPIN_CHECK(a.sparse_algorithm == "dense" || a.device == "cuda", "--sparse-algorithm needs --device cuda");
     SPIN_CHECK(a.seer_gate.empty() || a.sparse_algorithm == "seer", "--seer-gate needs --sparse-algorithm seer");
+    SPIN_CHECK(a.context_source == "random" || a.device == "cuda", "--context-source ledger needs --device cuda");
     SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
                "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
                a.tensor_parallel_size);
