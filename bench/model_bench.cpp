@@ -34,7 +34,9 @@
 //   that reuse a few names, things and places, as spin eval's documents) computed by a chunked
 //   prefill, and every decode step feeds each sequence's greedy token back: selections then move
 //   as the model's attention moves, not at random (with --load-format dummy, a random-weight
-//   model's). Sequences must not share host bytes (no --host-tier-backing).
+//   model's). Sequences must not share host bytes (no --host-tier-backing). --context-source
+//   ledger-text: the same contexts, but decode feeds the ledger's own continuation (teacher
+//   forcing): a random-weight model's greedy decode loops over a few tokens, the ledger moves on.
 // Prints markdown tables.
 #include <CLI/CLI.hpp>
 
@@ -106,7 +108,7 @@ struct BenchArgs {
   std::string seer_gate;      // cuda: seer's trained gate file, `random`, or empty (training-free)
   double dense_layer_share = 0.2;    // cuda, sparse: the KV pool's share for the first dense layers (serve's)
   double host_tier_backing_gb = 0.0;  // cuda, sparse: the host tier over this much pinned memory, repeated (0: all its own)
-  std::string context_source = "random";  // cuda: random pages and tokens, or `ledger` (prefilled, greedy decode)
+  std::string context_source = "random";  // cuda: random pages and tokens, `ledger` or `ledger-text` (prefilled)
 };
 
 // Bytes read per second by the model's threads (an OpenMP sum over a buffer far larger than
@@ -575,7 +577,7 @@ void run_cuda(const BenchArgs& a) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(c.vocab_size) - 1);
   std::vector<float> logits;
   std::vector<std::string> breakdown_rows;  // sparse, one GPU: where the step's time goes
-  std::vector<std::string> ledger_notes;    // --context-source ledger: how much the greedy decode varies
+  std::vector<std::string> ledger_notes;    // ledger contexts: how much the decode's tokens vary
   for (int64_t n : a.prefill_lengths) {
     std::vector<int32_t> prompt(static_cast<size_t>(n));
     for (int32_t& t : prompt) t = token(rng);
@@ -598,11 +600,13 @@ void run_cuda(const BenchArgs& a) {
 
   // Decode steps draw their tokens where the engine would (see decode_step below).
   const bool draws_on_device = !a.download_logits && model->samples_on_device();
-  const bool ledger = a.context_source == "ledger";
-  SPIN_CHECK(!ledger || draws_on_device,
+  const bool ledger = a.context_source != "random";
+  const bool ledger_text = a.context_source == "ledger-text";  // else the greedy tokens are fed back
+  SPIN_CHECK(!ledger || ledger_text || draws_on_device,
              "--context-source ledger feeds the GPU's greedy tokens back: not with --download-logits or tensor parallelism");
   SPIN_CHECK(!ledger || a.host_tier_backing_gb == 0.0,
-             "--context-source ledger: sequences sharing host bytes (--host-tier-backing) would read each other's KV");
+             "--context-source {}: sequences sharing host bytes (--host-tier-backing) would read each other's KV",
+             a.context_source);
   if (sparse) {
     // The bound of a sparse step: the bytes it reads from HBM (weights; every page of the dense
     // layers; sinks, selection and window of the sparse ones) at the device copy rate, plus the
@@ -648,10 +652,13 @@ void run_cuda(const BenchArgs& a) {
       // One decode step of sequences [first, end), as the engine runs one: the next tokens drawn on
       // the GPU (greedy) and only their ids downloaded; --download-logits, or a model that draws on
       // the host (tensor parallel), copies every row's logits to the host instead.
-      // A ledger's sequences decode their own greedy tokens (ids[b]: the next one to feed).
+      // A ledger's sequences decode their own greedy tokens (ids[b]: the next one to feed) or, with
+      // ledger-text, the ledger's next token.
+      std::vector<std::vector<int32_t>> texts(static_cast<size_t>(batch));
       auto decode_step = [&](int64_t first, int64_t end) {
         for (int64_t b = first; b < end; ++b) {
           if (!ledger) ids[b] = token(rng);
+          if (ledger_text) ids[b] = texts[b][static_cast<size_t>(seqs[b]->length())];
           chunks[b - first] = spin::SequenceChunk{std::span(&ids[b], 1), seqs[b]->length(), seqs[b].get()};
         }
         const auto n = static_cast<size_t>(end - first);
@@ -660,12 +667,14 @@ void run_cuda(const BenchArgs& a) {
         } else {
           model->forward_sampled(std::span(chunks).first(n), std::span(greedy).first(n), c.vocab_size, {}, logits,
                                  drawn);
-          if (ledger) std::copy(drawn.begin(), drawn.end(), ids.begin() + first);
+          if (ledger && !ledger_text) std::copy(drawn.begin(), drawn.end(), ids.begin() + first);
         }
       };
-      // The ledger's context of sequence b, prefilled in chunks; its next token is fed first.
+      // The ledger of sequence b (its context and every token decode may feed), its context
+      // prefilled in chunks; its next token is fed first.
       auto prefill_ledger = [&](int64_t b) {
-        const std::vector<int32_t> text = ledger_tokens(context + 1, 1000 + static_cast<uint64_t>(b));
+        texts[b] = ledger_tokens(capacity, 1000 + static_cast<uint64_t>(b));
+        const std::vector<int32_t>& text = texts[b];
         for (int64_t pos = 0; pos < context; pos += a.prefill_chunk) {
           const int64_t len = std::min(a.prefill_chunk, context - pos);
           spin::SequenceChunk chunk{std::span<const int32_t>(text).subspan(pos, len), pos, seqs[b].get()};
@@ -690,8 +699,8 @@ void run_cuda(const BenchArgs& a) {
       // breakdown's profiled steps (on one GPU) or as many graph steps, which fill the caches.
       decode_step(0, batch);
       decode_step(0, batch);
-      // A ledger's untimed steps also count the distinct tokens each sequence's greedy decode draws:
-      // a decode looping over a few tokens would keep its selections still.
+      // A ledger's untimed steps also count the distinct tokens each sequence decodes: a decode
+      // looping over a few tokens would keep its selections still.
       std::vector<std::unordered_set<int32_t>> drawn_tokens(static_cast<size_t>(batch));
       int64_t untimed = 0;
       const auto untimed_step = [&] {
@@ -711,7 +720,7 @@ void run_cuda(const BenchArgs& a) {
         std::vector<double> counts;
         for (const auto& d : drawn_tokens) counts.push_back(static_cast<double>(d.size()));
         ledger_notes.push_back(fmt::format("batch {}, context {}: {} distinct tokens per sequence (median) in {} "
-                                           "untimed greedy steps",
+                                           "untimed steps",
                                            batch, context, median(counts), untimed));
       }
       const int64_t timed_from = seqs.front()->length();
@@ -864,7 +873,8 @@ void run_cuda(const BenchArgs& a) {
     for (const std::string& row : breakdown_rows) std::printf("%s\n", row.c_str());
   }
   if (!ledger_notes.empty()) {
-    std::printf("\nContexts: ledgers computed by a prefill; decode feeds each sequence's greedy token back.\n\n");
+    std::printf("\nContexts: ledgers computed by a prefill; decode feeds each sequence's %s.\n\n",
+                ledger_text ? "ledger's next token" : "greedy token back");
     for (const std::string& note : ledger_notes) std::printf("- %s\n", note.c_str());
   }
   const spin::ForwardStats s = *ranks.front()->forward_stats();
@@ -939,8 +949,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--context-source", a.context_source,
                  "cuda: random (decode contexts' KV pages left random, random decode tokens) | ledger (each context a "
-                 "ledger-like token stream computed by a prefill; decode feeds the greedy tokens back)")
-      ->check(CLI::IsMember({"random", "ledger"}))
+                 "ledger-like token stream computed by a prefill; decode feeds the greedy tokens back) | ledger-text "
+                 "(decode feeds the ledger's own continuation)")
+      ->check(CLI::IsMember({"random", "ledger", "ledger-text"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -954,7 +965,8 @@ int main(int argc, char** argv) {
     SPIN_CHECK(a.sparse_budget >= 0, "--sparse-budget must be >= 0, got {}", a.sparse_budget);
     SPIN_CHECK(a.sparse_algorithm == "dense" || a.device == "cuda", "--sparse-algorithm needs --device cuda");
     SPIN_CHECK(a.seer_gate.empty() || a.sparse_algorithm == "seer", "--seer-gate needs --sparse-algorithm seer");
-    SPIN_CHECK(a.context_source == "random" || a.device == "cuda", "--context-source ledger needs --device cuda");
+    SPIN_CHECK(a.context_source == "random" || a.device == "cuda", "--context-source {} needs --device cuda",
+               a.context_source);
     SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
                "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
                a.tensor_parallel_size);
