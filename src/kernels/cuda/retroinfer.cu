@@ -702,6 +702,15 @@ __global__ void retro_zone_count_kernel(RetroInferSelectParams p, int items) {
 // ---------------------------------------------------------------------------------------------
 // Estimate
 
+// Candidate pages a rank table covers at most: 8 KB of shared memory, within the default limit, so
+// the launch needs no opt-in (32K pages, about 500K tokens at 16-token pages).
+constexpr int kMaxRankedPages = 32768;
+__host__ __device__ inline int ranked_pages(int max_candidates) { return min(max_candidates, kMaxRankedPages); }
+// 32-bit words of the rank table's bits (and as many of its counts) for `max_candidates` pages.
+__host__ __device__ inline int rank_words(int max_candidates) {
+  return max_candidates > 0 ? (ranked_pages(max_candidates) + 31) / 32 : 1;
+}
+
 // Where a page sits among an item's selected pages (ascending), from a table in shared memory:
 // a bit per candidate page and, per 32 of them, the selected pages before. A member's lookup is
 // two shared loads instead of a binary search over the list in global memory.
@@ -752,7 +761,7 @@ __device__ void build_selected_ranks(const SelectedRanks& t, int words, const in
 // (lanes over dims).
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroInferEstimateParams p) {
-  extern __shared__ uint32_t rank_table[];  // [2 * retroinfer_rank_words(max_candidates)]
+  extern __shared__ uint32_t rank_table[];  // [2 * rank_words(max_candidates)]
   enter_dependent_grid();
   constexpr int V = D / 32;
   __shared__ float q[G][D];
@@ -772,9 +781,9 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
   const int first = p.first_candidate[seq], end = p.end_candidate[seq];
   const int32_t* selected = p.selected + p.selected_offsets[item];
   const int k = p.selected_counts[item];
-  const int table_words = retroinfer_rank_words(p.max_candidates);
+  const int table_words = rank_words(p.max_candidates);
   const SelectedRanks ranks{rank_table, reinterpret_cast<int32_t*>(rank_table + table_words), first};
-  const bool by_table = end - first <= p.max_candidates;
+  const bool by_table = end - first <= ranked_pages(p.max_candidates);
   if (by_table) build_selected_ranks(ranks, (end - first + 31) / 32, selected, k);
   const int32_t* list = p.decode_pages + p.decode_offsets[item];
   const int32_t* fills = p.fill_pages ? p.fill_pages + p.decode_offsets[item] : nullptr;
@@ -903,25 +912,17 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_merge_kernel(RetroInf
 }
 
 template <int D, int G>
-cudaError_t launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  const auto partial = retro_estimate_partial_kernel<D, G>;
-  const size_t table_bytes = size_t{2} * sizeof(uint32_t) * retroinfer_rank_words(p.max_candidates);
-  // Past 8 KB (32K candidate pages, about 500K tokens at 16-token pages) the table needs the opt-in.
-  if (table_bytes > 8192) {
-    const cudaError_t e =
-        cudaFuncSetAttribute(partial, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(table_bytes));
-    if (e != cudaSuccess) return e;
-  }
-  launch(partial, dim3(static_cast<unsigned>(p.splits), items), kThreads, table_bytes, stream, p);
+void launch_estimate_passes(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
+  const size_t table_bytes = size_t{2} * sizeof(uint32_t) * rank_words(p.max_candidates);
+  launch(retro_estimate_partial_kernel<D, G>, dim3(static_cast<unsigned>(p.splits), items), kThreads, table_bytes,
+         stream, p);
   launch(retro_estimate_merge_kernel<D, G>, items, kThreads, 0, stream, p);
-  return cudaSuccess;
 }
 
 template <int D>
 cudaError_t launch_estimate(const RetroInferEstimateParams& p, unsigned items, cudaStream_t stream) {
-  cudaError_t e = cudaSuccess;
-  with_group(p.group, [&](auto g) { e = launch_estimate_passes<D, decltype(g)::value>(p, items, stream); });
-  return e != cudaSuccess ? e : cudaGetLastError();
+  with_group(p.group, [&](auto g) { launch_estimate_passes<D, decltype(g)::value>(p, items, stream); });
+  return cudaGetLastError();
 }
 
 template <int D, int G>

@@ -164,13 +164,10 @@ struct RetroInferEstimateParams {
   int splits = 1;
   float* partials = nullptr;
   // Candidate pages (end_candidate - first_candidate) the selected pages' rank table of each block
-  // covers (0..2^20; an item with more is searched in its list instead): at least the step's most.
+  // covers (0..2^20, of which at most 32K take a table; an item with more is searched in its list
+  // instead): at least the step's most.
   int max_candidates = 0;
 };
-// 32-bit words of the rank table's bits (and as many of its counts) for `max_candidates` pages.
-constexpr int retroinfer_rank_words(int max_candidates) {
-  return max_candidates > 0 ? (max_candidates + 31) / 32 : 1;
-}
 constexpr int retroinfer_estimate_splits(int max_clusters) {
   const int splits = (max_clusters + 255) / 256;
   return splits < 1 ? 1 : splits > 32 ? 32 : splits;
