@@ -55,6 +55,7 @@ struct Coverage {
   int wide_buckets = 0;      // eviction with bucket width > 1
   int partial_boundary = 0;  // last bucket only partly taken
   int ordered_boundary = 0;  // two or more victims from the last bucket (their order matters)
+  int sorted_boundary = 0;   // more than 4 (page_cache.cu's kFewVictims): ordered by a sort
   int whole_buckets = 0;     // victims from buckets before the last one
   int error_items = 0;
   int values_only = 0;       // misses that fetched their values only
@@ -127,6 +128,7 @@ void order_last_bucket(const std::vector<kv::LruCandidate>& candidates, uint32_t
   cov.wide_buckets += width > 1;
   cov.partial_boundary += in_last > victims.end() - first_last;
   cov.ordered_boundary += victims.end() - first_last >= 2;
+  cov.sorted_boundary += victims.end() - first_last > 4;
   cov.whole_buckets += first_last != victims.begin();
 }
 
@@ -519,6 +521,7 @@ TEST_F(GpuPageCache, TraceMatchesCpuPolicyAtDefaultPageShape) {
   EXPECT_GT(cov.wide_buckets, 0);
   EXPECT_GT(cov.partial_boundary, 0);
   EXPECT_GT(cov.ordered_boundary, 0);
+  EXPECT_GT(cov.sorted_boundary, 0);
   EXPECT_GT(cov.whole_buckets, 0);
   EXPECT_EQ(cov.error_items, 0);
 }

@@ -25,6 +25,13 @@ static_assert(kFullPerThread * kThreads == kMaxCacheSlots);
 static_assert(kMaxLruBuckets <= kMaxCacheSlots);
 // Two ranks share one scan (16 bits each), so every count must stay below 2^16.
 static_assert(kMaxCacheSlots < (1 << 16));
+// The last bucket's victims, when at most kFewVictims and their logical pages below
+// 2^(32 - kSlotBits), are found by that many block minimums of (logical page, slot) packed in 32
+// bits instead of a radix sort of every slot: the usual case at high hit rates (one or two misses
+// per item), where the sort's passes were a fixed share of the plan's time.
+constexpr int kFewVictims = 4;
+constexpr int kSlotBits = 12;
+static_assert(kMaxCacheSlots <= (1 << kSlotBits));
 
 using Scan = cub::BlockScan<uint32_t, kThreads>;
 template <int kPerThread>
@@ -55,6 +62,8 @@ struct Shared {
   uint32_t max_logical;
   uint32_t boundary;
   uint32_t taken;
+  uint32_t warp_min[kThreads / 32];  // the few victims' block minimum, per warp
+  uint32_t picked;
 };
 
 // First index in sorted[0, n) whose value is >= key.
@@ -260,23 +269,56 @@ __device__ MissList retrieve_item(const PageCacheParams& p, Shared<kPerThread>& 
     }
     __syncthreads();
 
-    // The boundary bucket's candidates by ascending logical page; the rest sort after them
-    // because their key, all ones in the sorted bits, exceeds every boundary page.
-    const uint32_t end_bit = 32 - __clz(static_cast<int>(sh.max_logical + 1));
-    uint32_t keys[kPerThread];
-    int32_t values[kPerThread];
-#pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const bool in_boundary = ((candidate_mask >> i) & 1u) && bucket[i] == boundary;
-      keys[i] = in_boundary ? static_cast<uint32_t>(page[i]) : UINT32_MAX;
-      values[i] = tid * kPerThread + i;
-    }
-    Sort(sh.select.scratch.sort).Sort(keys, values, 0, static_cast<int>(end_bit));
+    // The boundary bucket's candidates by ascending logical page (a slot's page is unique; a
+    // corrupt table's repeats go by slot, as the sort keeps them).
     const int rest = victims - taken;
+    if (rest <= kFewVictims && sh.max_logical < (1u << (32 - kSlotBits))) {
+      uint32_t keys[kPerThread];
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int q = tid * kPerThread + i;
-      if (q < rest) sh.select.free_slot[empties + taken + q] = static_cast<int16_t>(values[i]);
+      for (int i = 0; i < kPerThread; ++i) {
+        const bool in_boundary = ((candidate_mask >> i) & 1u) && bucket[i] == boundary;
+        keys[i] = in_boundary ? static_cast<uint32_t>(page[i]) << kSlotBits | static_cast<uint32_t>(tid * kPerThread + i)
+                              : UINT32_MAX;
+      }
+      const int lane = tid % 32, warp = tid / 32;
+      for (int q = 0; q < rest; ++q) {
+        uint32_t m = UINT32_MAX;
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) m = min(m, keys[i]);
+        m = __reduce_min_sync(0xffffffffu, m);
+        if (lane == 0) sh.warp_min[warp] = m;
+        __syncthreads();
+        if (warp == 0) {
+          m = __reduce_min_sync(0xffffffffu, lane < kThreads / 32 ? sh.warp_min[lane] : UINT32_MAX);
+          if (lane == 0) {
+            sh.picked = m;
+            sh.select.free_slot[empties + taken + q] = static_cast<int16_t>(m & ((1u << kSlotBits) - 1));
+          }
+        }
+        __syncthreads();
+        const uint32_t picked = sh.picked;
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i)
+          if (keys[i] == picked) keys[i] = UINT32_MAX;
+      }
+    } else {
+      // The rest sort after the boundary's pages because their key, all ones in the sorted bits,
+      // exceeds every boundary page.
+      const uint32_t end_bit = 32 - __clz(static_cast<int>(sh.max_logical + 1));
+      uint32_t keys[kPerThread];
+      int32_t values[kPerThread];
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const bool in_boundary = ((candidate_mask >> i) & 1u) && bucket[i] == boundary;
+        keys[i] = in_boundary ? static_cast<uint32_t>(page[i]) : UINT32_MAX;
+        values[i] = tid * kPerThread + i;
+      }
+      Sort(sh.select.scratch.sort).Sort(keys, values, 0, static_cast<int>(end_bit));
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int q = tid * kPerThread + i;
+        if (q < rest) sh.select.free_slot[empties + taken + q] = static_cast<int16_t>(values[i]);
+      }
     }
   }
   __syncthreads();
