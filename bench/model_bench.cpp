@@ -890,6 +890,8 @@ void run_cuda(const BenchArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line even into a file: a run killed by its time limit keeps the rows it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"spin model benchmark (CPU or GPU forward pass)"};
   BenchArgs a;
   app.add_option("--model", a.model, ".gguf file, HF directory, or preset name (with --load-format dummy)")->required();

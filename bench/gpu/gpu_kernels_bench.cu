@@ -1080,6 +1080,8 @@ void bench_overlap(cudaStream_t stream, std::mt19937& rng) {
 }
 
 int main(int argc, char** argv) {
+  // Line by line even into a file: a run killed by its time limit keeps the rows it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::string what = argc > 1 ? argv[1] : "all";
   const char* csv_path = argc > 2 && std::strcmp(argv[2], "-") != 0 ? argv[2] : nullptr;
   if (argc > 3) g_only = argv[3];
