@@ -99,6 +99,7 @@ struct BenchArgs {
   int repeats = 3;
   int threads = 0;
   bool cuda_graphs = true;
+  std::string gemm_tuning;  // cuda, one GPU: the cuBLASLt tuning file (model/gemm_tuning.h)
   double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
   std::string sparse_algorithm = "dense";
@@ -470,6 +471,7 @@ void run_cuda(const BenchArgs& a) {
       8;
   spin::CudaModelOptions options;
   options.cuda_graphs = a.cuda_graphs;
+  options.gemm_tuning_file = a.gemm_tuning;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
   options.max_sequences = max_batch;
   const auto load_start = clock_type::now();
@@ -911,6 +913,8 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
   app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_option("--gemm-tuning", a.gemm_tuning,
+                 "cuda, one GPU: cuBLASLt tuning file for decode-sized products (timed on first use, then reused)");
   app.add_flag("--download-logits", a.download_logits,
                "cuda: decode steps copy every row's logits to the host instead of drawing greedy tokens on the GPU");
   app.add_flag("--compare-sampling", a.compare_sampling,
@@ -972,6 +976,8 @@ int main(int argc, char** argv) {
     SPIN_CHECK(a.tensor_parallel_size >= 1 && (a.tensor_parallel_size == 1 || a.device == "cuda"),
                "--tensor-parallel-size must be >= 1, and > 1 only with --device cuda (got {})",
                a.tensor_parallel_size);
+    SPIN_CHECK(a.gemm_tuning.empty() || (a.device == "cuda" && a.tensor_parallel_size == 1),
+               "--gemm-tuning needs --device cuda and one GPU");
     if (a.device == "cuda") {
 #ifdef SPIN_WITH_CUDA
       if (a.tensor_parallel_size > 1) spin::cuda::request_eager_module_loading();

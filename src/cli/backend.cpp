@@ -161,6 +161,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
                           const EngineConfig& engine, const SeerGatePtr& gate) {
   CudaModelOptions model_options;
   model_options.cuda_graphs = options.cuda_graphs;
+  model_options.gemm_tuning_file = options.gemm_tuning_file;
   model_options.max_batch_tokens = engine.max_num_batched_tokens;
   model_options.max_sequences = engine.max_num_seqs;
   if (options.tensor_parallel_size > 1) {
@@ -226,6 +227,8 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
                "--tensor-parallel-size {} needs {} GPUs (one per rank); {} visible to this process",
                options.tensor_parallel_size, options.tensor_parallel_size, gpus);
   }
+  SPIN_CHECK(options.gemm_tuning_file.empty() || (b.device == "cuda" && options.tensor_parallel_size == 1),
+             "--gemm-tuning tunes the products of one GPU: it needs --device cuda and no tensor parallelism");
   b.model = std::make_unique<LoadedModel>(load_model(load));
   check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
   EngineConfig engine = engine_flags;

@@ -21,6 +21,7 @@ struct BackendOptions {
   std::string device = "auto";          // cpu | cuda | auto
   double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV
   bool cuda_graphs = true;              // CUDA: replay decode steps as CUDA graphs
+  std::string gemm_tuning_file;         // CUDA, one GPU: measured cuBLASLt choices (model/gemm_tuning.h)
   // --tensor-parallel-size: ranks each layer is split over (model/tensor_parallel.h); CPU: threads
   // of this process, CUDA: GPUs 0..N-1, one rank each, joined by NCCL.
   int tensor_parallel_size = 1;

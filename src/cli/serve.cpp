@@ -196,6 +196,9 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--cuda-graphs,!--no-cuda-graphs", args->backend.cuda_graphs,
                 "cuda: replay decode steps as CUDA graphs (default on)");
+  cmd->add_option("--gemm-tuning", args->backend.gemm_tuning_file,
+                  "cuda, one GPU: a file of measured cuBLASLt algorithm choices for decode-sized products; shapes it "
+                  "lacks are timed on first use and added (created if missing)");
   cmd->add_option("--block-size", args->backend.kv.page_size, "paged KV store: tokens per page (8..64)")->capture_default_str();
   cmd->add_option("--kv-device-pages", args->backend.kv.device_pages,
                   "paged KV store: device-tier pages, each page_size tokens of one layer x KV head (default: from memory; "

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
+#include "test_files.h"
 
 namespace spin {
 namespace {
@@ -78,50 +79,10 @@ SafetensorsFile parse(const std::string& bytes) {
                                       bytes.size());
 }
 
-// Runs fn, which must throw spin::Error whose message contains every fragment.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& f : fragments) {
-      EXPECT_NE(message.find(f), std::string::npos)
-          << "message '" << message << "' lacks '" << f << "'";
-    }
-    return;
-  }
-  ADD_FAILURE() << "no spin::Error thrown (expected one mentioning '" << fragments.at(0) << "')";
-}
-
+// parse(bytes) must throw spin::Error whose message contains every fragment.
 void expect_parse_error(const std::string& bytes, const std::vector<std::string>& fragments) {
   expect_error([&] { parse(bytes); }, fragments);
 }
-
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("SPIN_TEST_TMP");
-    fs::path root = base ? fs::path(base) : fs::temp_directory_path();
-    fs::create_directories(root);
-    std::random_device rd;
-    path_ = root / ("safetensors_test_" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  fs::path write(const std::string& name, const std::string& content) const {
-    const fs::path p = path_ / name;
-    std::ofstream out(p, std::ios::binary);
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    return p;
-  }
-
- private:
-  fs::path path_;
-};
 
 // ---------------------------------------------------------------- reader: valid files
 

@@ -122,7 +122,9 @@ def expect_startup_error(args, message):
 
 def test_startup_errors_end_the_process():
     for args, message in [(["--model", "/nonexistent/model.gguf"], "model not found"),
-                          (["--model", "tiny-llama", "--load-format", "dummy", "--max-num-seqs", "0"], "--max-num-seqs")]:
+                          (["--model", "tiny-llama", "--load-format", "dummy", "--max-num-seqs", "0"], "--max-num-seqs"),
+                          (["--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--gemm-tuning",
+                            "/nonexistent/tuning.json"], "--gemm-tuning tunes the products of one GPU")]:
         expect_startup_error(args, message)
 
 

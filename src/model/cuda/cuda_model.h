@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -60,6 +61,9 @@ struct CudaModelOptions {
   // with the peer GPUs, so a rank still allocating while another waits inside an all-reduce for
   // it would deadlock. Throws when the group was aborted by a failing rank.
   std::function<void()> ranks_ready;
+  // Measured cuBLASLt choices for decode-sized products, read and extended here (gemm.h). Empty:
+  // the heuristic's picks. One GPU only: tuning allocates mid-step, which ranks_ready forbids.
+  std::filesystem::path gemm_tuning_file;
 };
 
 class CudaModel final : public ForwardModel {

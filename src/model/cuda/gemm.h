@@ -4,21 +4,34 @@
 // Each shape's descriptors and algorithm are chosen once and cached, so a step costs one
 // cublasLtMatmul call per product and can be captured in a CUDA graph (fixed workspace, no
 // allocation).
+//
+// With a tuning file (model/gemm_tuning.h), a decode-sized product (at most kMaxTunedRows rows)
+// runs the fastest of the heuristic's first kCandidates algorithms instead of its first pick:
+// timed once, on the first product of that shape with the real weights, then stored in the file
+// and reused by later runs.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include "model/cuda/device_buffer.h"
+#include "model/gemm_tuning.h"
 
 namespace spin {
 
 class GemmRunner {
  public:
-  GemmRunner();
+  static constexpr int64_t kMaxTunedRows = 64;
+  static constexpr int kCandidates = 8;
+
+  // `tuning_file` empty: the heuristic's first pick for every shape.
+  explicit GemmRunner(const std::filesystem::path& tuning_file = {});
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
@@ -37,7 +50,21 @@ class GemmRunner {
   };
   using Key = std::tuple<int64_t, int64_t, int64_t, int>;  // rows, out, in, output type
 
-  const Plan& plan(int64_t rows, int64_t out_features, int64_t in_features, cudaDataType_t out_type);
+  // A product's plan; making one may run the product (timing candidates), so it takes the operands.
+  const Plan& plan(int64_t rows, int64_t out_features, int64_t in_features, cudaDataType_t out_type, const void* a,
+                   const __nv_bfloat16* w, void* out, cudaStream_t stream);
+  // Fills a plan's descriptors (not its algorithm) for a product of this shape.
+  static void describe(Plan& p, int64_t rows, int64_t out_features, int64_t in_features, cudaDataType_t out_type);
+  // Up to `count` of the heuristic's algorithms for p's shape that fit the workspace, best first.
+  std::vector<cublasLtMatmulAlgo_t> candidates(const Plan& p, int count) const;
+  // The tuning file's algorithm for this shape, or the fastest of `algos` (then stored).
+  cublasLtMatmulAlgo_t tuned_algorithm(const Plan& p, const GemmShape& shape, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                                       const void* a, const __nv_bfloat16* w, void* out, cudaStream_t stream);
+  // Median time of each of `algos` on p's product, each run after reading twice L2's size of
+  // other memory (so the weights come from HBM, as between a step's products). Empty when the
+  // scratch for that cannot be allocated.
+  std::vector<float> time_candidates(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos, const void* a,
+                                     const __nv_bfloat16* w, void* out, cudaStream_t stream);
   void run(const void* a, const __nv_bfloat16* w, void* out, int64_t rows, int64_t out_features,
            int64_t in_features, cudaDataType_t out_type, cudaStream_t stream);
   static void destroy(Plan& p);
@@ -45,6 +72,7 @@ class GemmRunner {
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<char> workspace_;
   std::map<Key, Plan> plans_;
+  std::optional<GemmTuningTable> tuning_;
 };
 
 }  // namespace spin
