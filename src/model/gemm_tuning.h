@@ -11,11 +11,11 @@
 // `hardware` string (the GPU's name and the cuBLASLt version); other hardware's tables are kept
 // untouched. This file knows nothing of CUDA, so it is tested without a GPU.
 #include <array>
-#include <compare>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace spin {
@@ -23,7 +23,11 @@ namespace spin {
 struct GemmShape {
   int64_t rows = 0, out_features = 0, in_features = 0;
   bool float_output = false;  // fp32 output (the LM head's logits); bf16 otherwise
-  auto operator<=>(const GemmShape&) const = default;
+  // Spelled out rather than a defaulted <=>: CUDA sources include this header too.
+  bool operator<(const GemmShape& o) const {
+    return std::tie(rows, out_features, in_features, float_output) <
+           std::tie(o.rows, o.out_features, o.in_features, o.float_output);
+  }
 };
 
 struct GemmChoice {
