@@ -142,7 +142,8 @@ const GemmChoice* GemmTuningTable::find(const GemmShape& shape) const {
 void GemmTuningTable::put(const GemmShape& shape, const GemmChoice& choice) { choices_[shape] = choice; }
 
 void GemmTuningTable::save() const {
-  const auto hundredths = [](double us) { return std::round(us * 100) / 100; };  // readable, and finer than timing
+  // Readable, and finer than the timing; a time too large to scale is written as it is.
+  const auto hundredths = [](double us) { return us < 1e12 ? std::round(us * 100) / 100 : us; };
   json choices = json::array();
   for (const auto& [shape, choice] : choices_) {
     choices.push_back({{"rows", shape.rows},
