@@ -100,7 +100,7 @@ GemmTuningTable GemmTuningTable::load(const std::filesystem::path& path, const s
   json root;
   try {
     root = json::parse(text.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number too large for a double
     fail("GEMM tuning file {}: not valid JSON ({})", path.string(), e.what());
   }
   const std::string where = fmt::format("GEMM tuning file {}", path.string());

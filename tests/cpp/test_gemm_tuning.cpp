@@ -107,6 +107,7 @@ TEST(GemmTuning, MalformedFilesAreClearErrors) {
     expect_error([&] { GemmTuningTable::load(path, kHardware); }, {path.string(), fragment});
   };
   check("{\"format\": ", "not valid JSON");
+  check(R"({"format": "spin-gemm-tuning/1", "tables": [], "x": 2e999})", "not valid JSON");  // found by the fuzzer
   check("[1, 2]", "not a spin GEMM tuning file");
   check(R"({"format": "spin-gemm-tuning/2", "tables": []})", "not a spin GEMM tuning file");
   check(R"({"format": "spin-gemm-tuning/1"})", "'tables' must be an array");
