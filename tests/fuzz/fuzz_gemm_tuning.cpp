@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 
 #include "base/error.h"
 #include "model/gemm_tuning.h"
@@ -16,14 +17,27 @@ namespace {
 
 const std::string kHardware = "NVIDIA H100 80GB HBM3 / cuBLASLt 130100";
 
-std::filesystem::path scratch(const char* name) {
-  return std::filesystem::temp_directory_path() / ("spin_fuzz_gemm_tuning_" + std::to_string(getpid()) + name);
-}
+// The loader reads paths: two scratch files of this process, removed when it exits.
+struct ScratchFiles {
+  std::filesystem::path input, copy;
+  ScratchFiles() {
+    const auto base = std::filesystem::temp_directory_path() / ("spin_fuzz_gemm_tuning_" + std::to_string(getpid()));
+    input = base.string() + ".json";
+    copy = base.string() + "_copy.json";
+  }
+  ~ScratchFiles() {
+    std::error_code ec;
+    std::filesystem::remove(input, ec);
+    std::filesystem::remove(copy, ec);
+  }
+};
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::filesystem::path input = scratch(".json"), copy = scratch("_copy.json");
+  static const ScratchFiles files;
+  const std::filesystem::path& input = files.input;
+  const std::filesystem::path& copy = files.copy;
   {
     std::ofstream out(input, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
