@@ -6,9 +6,9 @@
 // allocation).
 //
 // With a tuning file (model/gemm_tuning.h), a decode-sized product (at most kMaxTunedRows rows)
-// runs the fastest of the heuristic's first kCandidates algorithms instead of its first pick:
-// timed once, on the first product of that shape with the real weights, then stored in the file
-// and reused by later runs.
+// runs the fastest of the heuristic's first kCandidates algorithms where it beats the first pick
+// by a margin: timed once, on the first product of that shape with the real operands, then
+// stored in the file and reused by later runs.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
