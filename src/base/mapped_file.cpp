@@ -7,6 +7,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "base/error.h"
@@ -56,6 +58,15 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  SPIN_CHECK(in, "cannot open '{}'", path);
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  SPIN_CHECK(!in.bad(), "cannot read '{}'", path);
+  return buffer.str();
 }
 
 }  // namespace spin

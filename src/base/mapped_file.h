@@ -1,5 +1,6 @@
 #pragma once
-// A read-only memory-mapped file. Model files are mapped, never copied whole into memory.
+// A read-only memory-mapped file. Model files are mapped, never copied whole into memory; small
+// text files (JSON configs, tokenizers) are read whole.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -24,5 +25,8 @@ class MappedFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// The whole file as bytes; spin::Error naming the path when it cannot be opened or read.
+std::string read_text_file(const std::string& path);
 
 }  // namespace spin

@@ -3,12 +3,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include "base/error.h"
+#include "base/mapped_file.h"
 
 namespace spin {
 
@@ -55,18 +56,13 @@ class EntryReader {
     constexpr size_t kDigits = 8 * 16;
     SPIN_CHECK(v.is_string() && v.get_ref<const std::string&>().size() == kDigits,
                "{}: 'algo' must be {} hex digits (cuBLASLt's 64-byte algorithm)", where_, kDigits);
-    const auto& hex = v.get_ref<const std::string&>();
+    const char* hex = v.get_ref<const std::string&>().data();
     std::array<uint64_t, 8> words{};
     for (size_t i = 0; i < words.size(); ++i) {
-      for (size_t d = 0; d < 16; ++d) {
-        const char c = hex[i * 16 + d];
-        int digit = -1;
-        if (c >= '0' && c <= '9') digit = c - '0';
-        if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-        if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-        SPIN_CHECK(digit >= 0, "{}: 'algo' has '{}', not a hex digit", where_, c);
-        words[i] = words[i] << 4 | static_cast<uint64_t>(digit);
-      }
+      const char* end = hex + (i + 1) * 16;
+      // 16 hex digits always fit; parsing stops at the first character that is not one.
+      const char* stop = std::from_chars(hex + i * 16, end, words[i], 16).ptr;
+      SPIN_CHECK(stop == end, "{}: 'algo' has '{}', not a hex digit", where_, *stop);
     }
     return words;
   }
@@ -88,22 +84,19 @@ GemmTuningTable GemmTuningTable::load(const std::filesystem::path& path, const s
   GemmTuningTable table;
   table.path_ = path;
   table.hardware_ = hardware;
+  const std::string where = fmt::format("GEMM tuning file {}", path.string());
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return table;
-  SPIN_CHECK(std::filesystem::is_regular_file(path, ec), "GEMM tuning file {}: not a regular file", path.string());
-  std::ifstream in(path, std::ios::binary);
-  SPIN_CHECK(in, "GEMM tuning file {}: cannot open it for reading", path.string());
-  std::stringstream text;
-  text << in.rdbuf();
-  if (text.str().find_first_not_of(" \t\r\n") == std::string::npos) return table;  // e.g. made by mktemp
+  SPIN_CHECK(std::filesystem::is_regular_file(path, ec), "{}: not a regular file", where);
+  const std::string text = read_text_file(path.string());
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) return table;  // e.g. made by mktemp
 
   json root;
   try {
-    root = json::parse(text.str());
+    root = json::parse(text);
   } catch (const json::exception& e) {  // a syntax error, or a number too large for a double
-    fail("GEMM tuning file {}: not valid JSON ({})", path.string(), e.what());
+    fail("{}: not valid JSON ({})", where, e.what());
   }
-  const std::string where = fmt::format("GEMM tuning file {}", path.string());
   SPIN_CHECK(root.is_object() && root.value("format", json()) == kFormat,
              "{}: not a spin GEMM tuning file (expected \"format\": \"{}\")", where, kFormat);
   const auto tables = root.find("tables");

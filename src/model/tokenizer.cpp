@@ -15,16 +15,15 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
+#include "base/mapped_file.h"
 #include "model/gguf.h"
 
 namespace spin {
@@ -348,15 +347,6 @@ void add_json_pre_tokenizer(const json& pre, std::vector<std::shared_ptr<const R
          "Digits, Sequence of those)",
          type);
   }
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  SPIN_CHECK(in, "cannot open '{}'", path);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  SPIN_CHECK(!in.bad(), "cannot read '{}'", path);
-  return buffer.str();
 }
 
 // tokenizer_config.json writes a token either as a string or as {"content": "..."}.

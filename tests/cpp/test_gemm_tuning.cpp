@@ -4,11 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
+#include "base/mapped_file.h"
 #include "model/gemm_tuning.h"
 #include "test_files.h"
 
@@ -16,13 +15,6 @@ namespace spin {
 namespace {
 
 const std::string kHardware = "NVIDIA H100 80GB HBM3 / cuBLASLt 130100";
-
-std::string read(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // A valid one-choice entry, to be broken one field at a time.
 nlohmann::json valid_choice() {
@@ -162,7 +154,7 @@ TEST(GemmTuning, SaveReplacesTheFileWhole) {
   c.time_us = 3;
   table.put(GemmShape{1, 5120, 4096, false}, c);  // replaces the loaded choice
   table.save();
-  const nlohmann::json saved = nlohmann::json::parse(read(path));
+  const nlohmann::json saved = nlohmann::json::parse(read_text_file(path.string()));
   ASSERT_EQ(saved["tables"].size(), 1u);
   ASSERT_EQ(saved["tables"][0]["choices"].size(), 1u);
   EXPECT_EQ(saved["tables"][0]["choices"][0]["algo"], std::string(128, '0'));

@@ -12,28 +12,20 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "../cpp/test_files.h"
 #include "base/half.h"
+#include "base/mapped_file.h"
 #include "model/cuda/gemm.h"
 
 namespace spin {
 namespace {
 
 constexpr int64_t kIn = 2048, kOut = 3072;
-
-std::string read(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 double max_error(const std::vector<float>& got, const std::vector<double>& ref) {
   double ss = 0.0;
@@ -110,7 +102,7 @@ TEST_F(GpuGemm, TunedAndUntunedProductsMatchTheReference) {
       EXPECT_LE(max_error(product(tuned, rows, float_output), ref), tol) << rows << " rows, tuned";
     }
   }
-  const nlohmann::json saved = nlohmann::json::parse(read(dir.path() / "tuning.json"));
+  const nlohmann::json saved = nlohmann::json::parse(read_text_file((dir.path() / "tuning.json").string()));
   ASSERT_EQ(saved["tables"].size(), 1u);
   const nlohmann::json& choices = saved["tables"][0]["choices"];
   // 1 and 8 rows, each with both output types; the 96-row product is not decode-sized.
@@ -130,13 +122,13 @@ TEST_F(GpuGemm, StoredChoicesAreReusedWithoutRewriting) {
     GemmRunner first(path);
     product(first, 1, false);
   }
-  const std::string before = read(path);
+  const std::string before = read_text_file(path.string());
   ASSERT_NE(before.find("\"rows\": 1"), std::string::npos) << before;
   GemmRunner second(path);
   EXPECT_LE(max_error(product(second, 1, false), reference(1)), 1e-2);
-  EXPECT_EQ(read(path), before);  // no shape was timed again
+  EXPECT_EQ(read_text_file(path.string()), before);  // no shape was timed again
   product(second, 2, false);      // a new shape is added beside the stored one
-  const nlohmann::json saved = nlohmann::json::parse(read(path));
+  const nlohmann::json saved = nlohmann::json::parse(read_text_file(path.string()));
   EXPECT_EQ(saved["tables"][0]["choices"].size(), 2u);
 }
 
@@ -146,7 +138,7 @@ TEST_F(GpuGemm, AnotherGpusTableIsKept) {
   const auto path = dir.write("tuning.json", nlohmann::json{{"format", "spin-gemm-tuning/1"}, {"tables", {other}}}.dump());
   GemmRunner gemm(path);
   product(gemm, 1, true);
-  const nlohmann::json saved = nlohmann::json::parse(read(path));
+  const nlohmann::json saved = nlohmann::json::parse(read_text_file(path.string()));
   ASSERT_EQ(saved["tables"].size(), 2u);
   EXPECT_EQ(saved["tables"][0], other);
   EXPECT_EQ(saved["tables"][1]["choices"].size(), 1u);

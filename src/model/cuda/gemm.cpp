@@ -165,7 +165,7 @@ cublasLtMatmulAlgo_t GemmRunner::tuned_algorithm(const Plan& p, const GemmShape&
   cuda_check(cudaStreamIsCapturing(stream, &capture), "capture status");
   if (capture != cudaStreamCaptureStatusNone || algos.size() < 2) return algos.front();
 
-  const std::vector<float> us = time_candidates(p, algos, a, w, out, stream);
+  const std::vector<float> us = time_candidates(p, shape.in_features, algos, a, w, out, stream);
   if (us.empty()) return algos.front();
   const auto fastest = static_cast<size_t>(std::min_element(us.begin(), us.end()) - us.begin());
   const size_t chosen = us[fastest] < (1 - kMinGain) * us.front() ? fastest : 0;
@@ -184,15 +184,12 @@ cublasLtMatmulAlgo_t GemmRunner::tuned_algorithm(const Plan& p, const GemmShape&
   return algos[chosen];
 }
 
-std::vector<float> GemmRunner::time_candidates(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos,
-                                               const void* a, const __nv_bfloat16* w, void* out, cudaStream_t stream) {
+std::vector<float> GemmRunner::time_candidates(const Plan& p, int64_t in_features,
+                                               const std::vector<cublasLtMatmulAlgo_t>& algos, const void* a,
+                                               const __nv_bfloat16* w, void* out, cudaStream_t stream) {
   int device = 0, l2_bytes = 0;
   cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   cuda_check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 size");
-  int64_t in_features = 0;
-  size_t size = sizeof(in_features);
-  lt_check(cublasLtMatrixLayoutGetAttribute(p.a, CUBLASLT_MATRIX_LAYOUT_ROWS, &in_features, sizeof(in_features), &size),
-           "input layout rows");
   // The flush: one row of the input times a zero matrix of 2 x L2 bytes, into scratch.
   const int64_t flush_rows = std::max<int64_t>(1, 2 * int64_t{l2_bytes} / (2 * in_features));
   DeviceBuffer<__nv_bfloat16> flush_weights;

@@ -63,8 +63,8 @@ class GemmRunner {
   // Median time of each of `algos` on p's product, each run after reading twice L2's size of
   // other memory (so the weights come from HBM, as between a step's products). Empty when the
   // scratch for that cannot be allocated.
-  std::vector<float> time_candidates(const Plan& p, const std::vector<cublasLtMatmulAlgo_t>& algos, const void* a,
-                                     const __nv_bfloat16* w, void* out, cudaStream_t stream);
+  std::vector<float> time_candidates(const Plan& p, int64_t in_features, const std::vector<cublasLtMatmulAlgo_t>& algos,
+                                     const void* a, const __nv_bfloat16* w, void* out, cudaStream_t stream);
   void run(const void* a, const __nv_bfloat16* w, void* out, int64_t rows, int64_t out_features,
            int64_t in_features, cudaDataType_t out_type, cudaStream_t stream);
   static void destroy(Plan& p);
