@@ -15,6 +15,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
                : "r"(addr));
 }
 
+// 32-bit word i of 16 bytes: the bf16 pair a thread passes as one fragment register when it loads
+// 8 contiguous columns of a row at once.
+__device__ __forceinline__ uint32_t component(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
 // c += A (16x16, bf16) * B (16x8, bf16), fp32 sums.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "

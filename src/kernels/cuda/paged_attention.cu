@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/copy_async.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/per_device.h"
 
 namespace spin::cuda {
@@ -116,10 +117,6 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t component(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

@@ -5,22 +5,23 @@
 #include <algorithm>
 #include <climits>
 
-#include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/per_device.h"
 
 // Index: one warp per page; each lane reads 16-byte vectors of key rows (a row is head_dim / 8
 // vectors, so a warp covers 2 or 4 rows at once), keeps their elementwise min and max, and the
 // lanes holding the same columns combine theirs by shuffles.
 //
-// Score: lanes are grouped head_dim / 8 per candidate page, 8 dimensions each, so one page's
-// summary row (2 * head_dim bf16) is read by one coalesced 16-byte load per lane for the minimum
-// and one for the maximum. The group's queries stay in registers, split by sign: with lo <= hi,
-// max(q * hi, q * lo) = max(q, 0) * hi + min(q, 0) * lo exactly (a product of two bf16 is exact in
-// fp32), i.e. two FMAs per dimension and head. The per-head partial sums are then reduced across
-// the page's lanes by a butterfly that halves the number of heads each lane carries at each step
-// (so G heads cost about G shuffles instead of G * log2(lanes)), and the maximum over heads is
-// taken with a few more.
+// Score: with lo <= hi, max(q * hi, q * lo) = min(q, 0) * lo + max(q, 0) * hi exactly, so a page's
+// bound for one query head is the dot product of its summary row [lo | hi] (2 * head_dim bf16, as
+// stored) with [min(q, 0) | max(q, 0)] (exact in bf16), and a tile of 16 pages against the group's
+// heads is a 16 x 2 head_dim by 2 head_dim x 8 product on the tensor cores (bf16 products are exact
+// in the fp32 sums). Each thread loads 16 contiguous bytes of a row per 32 columns as its A
+// fragment (the sum does not care about column order), and the query is loaded with the same
+// permutation, as in the decode attention. The maximum over heads is taken with two shuffles. The
+// per-element form, two FMAs per dimension and head, issued too many instructions to keep up with
+// the summaries' bytes (docs/results/gpu.md, session 32).
 //
 // Select: one block per item. An exact radix select, 8 bits per pass over order-preserving keys
 // of the scores (NaN lowest, -0 equal to +0), finds the k-th key and how many candidates at that
@@ -102,146 +103,92 @@ __global__ void __launch_bounds__(kIndexWarps * 32) quest_index_kernel(QuestInde
 // ---------------------------------------------------------------------------------------------
 // Score
 
-constexpr int kScoreThreads = 256;
-// Candidates per block (per grid-stride step): the most, up to kMaxScoreTile, that still give the
-// launch kScoreBlocksPerSm blocks per SM. At batch 1 a layer's scores are a few MB, and 256-page
-// tiles left most SMs idle while each block waited on its loads.
-constexpr int kMaxScoreTile = 256;
-constexpr int kMinScoreTile = 32;
+constexpr int kScoreWarps = 8;
+constexpr int kScoreTile = 16;  // pages per warp product: the MMA's 16 rows
+static_assert(kSummaryChunkPages % kScoreTile == 0, "a tile never straddles a summary chunk");
 constexpr int kScoreBlocksPerSm = 2;
 constexpr int kMaxGridY = 65535;
 
 __host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
 
-__device__ __forceinline__ void bf16x8_to_float(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    f[2 * e] = __uint_as_float(w[e] << 16);
-    f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-  }
+__device__ __forceinline__ uint4 bf16x8_sign_part(uint4 v, bool positive) {
+  const auto part = [positive](uint32_t w) {
+    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&w);
+    const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
+    const __nv_bfloat162 r = positive ? __hmax2(x, zero) : __hmin2(x, zero);
+    return *reinterpret_cast<const uint32_t*>(&r);
+  };
+  return {part(v.x), part(v.y), part(v.z), part(v.w)};
 }
 
-// The page's Quest bound maximised over the G heads, given this lane's 8 dimensions of the
-// summary; every lane of the page's kLanes-lane group must call it (shuffles), and every lane of
-// the group gets the result.
-template <int kLanes, int G>
-__device__ __forceinline__ float page_bound(uint4 lo_bits, uint4 hi_bits, const float (&q_pos)[G][8],
-                                            const float (&q_neg)[G][8]) {
-  constexpr int kHeads = pow2_at_least(G);  // padded so the butterfly halves evenly
-  static_assert(kHeads <= kLanes, "each head's sum must end in its own lanes");
-  float lo[8], hi[8];
-  bf16x8_to_float(lo_bits, lo);
-  bf16x8_to_float(hi_bits, hi);
-  float sum[kHeads];
-#pragma unroll
-  for (int g = 0; g < kHeads; ++g) {
-    sum[g] = 0.0f;
-    if (g < G) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        sum[g] = fmaf(q_pos[g][e], hi[e], sum[g]);
-        sum[g] = fmaf(q_neg[g][e], lo[e], sum[g]);
-      }
-    }
-  }
-  // Reduce-scatter: at each step a lane keeps half of its heads (the upper half where its lane
-  // bit `offset` is set) and adds the partner's partial sums of those; once one head is left,
-  // the remaining steps are a plain all-reduce. `head` tracks which head the lane ends with.
-  const int lane = threadIdx.x % kLanes;
-  int head = 0;
-#pragma unroll
-  for (int offset = kLanes / 2, carried = kHeads; offset >= 1; offset /= 2) {
-    if (carried > 1) {
-      const int half = carried / 2;
-      const bool upper = (lane & offset) != 0;
-#pragma unroll
-      for (int j = 0; j < half; ++j) {
-        const float send = upper ? sum[j] : sum[j + half];
-        const float keep = upper ? sum[j + half] : sum[j];
-        sum[j] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-      }
-      if (upper) head += half;
-      carried = half;
-    } else {
-      sum[0] += __shfl_xor_sync(0xffffffffu, sum[0], offset);
-    }
-  }
-  // The heads sit in the lanes that differ in the top log2(kHeads) bits of the group.
-  float best = head < G ? sum[0] : -INFINITY;
-#pragma unroll
-  for (int offset = kLanes / 2; offset >= kLanes / kHeads; offset /= 2)
-    best = fmaxf(best, __shfl_xor_sync(0xffffffffu, best, offset));
-  return best;
-}
-
-template <int D, int G>
-__global__ void __launch_bounds__(kScoreThreads) quest_score_kernel(QuestScoreParams p, int tile_pages) {
+// Block y of item i: its warps take the item's 16-page tiles (aligned to 16 in page number, so a
+// tile is one contiguous run of a chunk's entries) in turn, over every block of the item.
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32, kScoreBlocksPerSm) quest_score_kernel(QuestScoreParams p) {
   enter_dependent_grid();
-  constexpr int kLanes = D / 8;                   // lanes per page, 8 dimensions each
-  constexpr int kSlots = kScoreThreads / kLanes;  // pages side by side in the block
-  constexpr int kUnroll = G > 4 ? 2 : 4;          // pages in flight per lane (registers: q is big)
+  constexpr int kChunks = 2 * D / 32;  // 32-column slices of the [min | max] row
   const int item = blockIdx.x;
   const int seq = item / p.num_kv_heads;
   const int kv_head = item % p.num_kv_heads;
   const int32_t first = p.first_candidate[seq];
   const int32_t count = min(max(p.end_candidate[seq] - first, 0), p.max_candidates);
-  if (static_cast<int64_t>(blockIdx.y) * tile_pages >= count) return;  // whole block
+  if (count == 0) return;  // whole block
+  const int32_t first_tile = first / kScoreTile;
+  const int32_t tiles = (first + count + kScoreTile - 1) / kScoreTile - first_tile;
+  const int warp = static_cast<int>(blockIdx.y) * kScoreWarps + static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(gridDim.y) * kScoreWarps;
+  if (warp >= tiles) return;  // whole warp
+  const int lane = threadIdx.x % 32;
+  const int r = lane / 4;   // MMA group: page row r (and r + 8), query head r
+  const int t4 = lane % 4;  // thread in group: columns t4 * 8 .. + 8 of each 32-column slice
 
-  const int lane = threadIdx.x % kLanes;
-  const int slot = threadIdx.x / kLanes;
-  float q_pos[G][8], q_neg[G][8];
-  const __nv_bfloat16* q =
-      p.q + (static_cast<int64_t>(seq) * p.num_kv_heads + kv_head) * G * D + lane * 8;
+  // B operand: head r's query over the row's columns, min(q, 0) against the minimum and max(q, 0)
+  // against the maximum (exact in bf16), in the same column order as the page rows below.
+  uint4 qf[kChunks];
+  const __nv_bfloat16* q = p.q + ((static_cast<int64_t>(seq) * p.num_kv_heads + kv_head) * p.group + r) * D;
 #pragma unroll
-  for (int g = 0; g < G; ++g) {
-    float x[8];
-    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(q + g * D)), x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      q_pos[g][e] = fmaxf(x[e], 0.0f);
-      q_neg[g][e] = fminf(x[e], 0.0f);
-    }
+  for (int c = 0; c < kChunks / 2; ++c) {
+    const uint4 x = r < p.group ? __ldg(reinterpret_cast<const uint4*>(q + c * 32 + t4 * 8)) : make_uint4(0, 0, 0, 0);
+    qf[c] = bf16x8_sign_part(x, false);
+    qf[kChunks / 2 + c] = bf16x8_sign_part(x, true);
   }
   const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
-  const uint4* rows = reinterpret_cast<const uint4*>(p.summaries) + lane;
   float* out = p.scores + static_cast<int64_t>(item) * p.max_candidates;
 
-  for (int64_t tile = static_cast<int64_t>(blockIdx.y) * tile_pages; tile < count;
-       tile += static_cast<int64_t>(gridDim.y) * tile_pages) {
-    const int tile_end = static_cast<int>(min(tile + tile_pages, static_cast<int64_t>(count)));
-    // The trip count is the same for the whole block, so every lane reaches every shuffle.
-    for (int base = static_cast<int>(tile); base < tile_end; base += kSlots * kUnroll) {
-      uint4 lo[kUnroll], hi[kUnroll];
+  for (int t = warp; t < tiles; t += warps) {
+    const int32_t page0 = (first_tile + t) * kScoreTile;
+    const int64_t entry = summary_entry(__ldg(dir + page0 / kSummaryChunkPages), p.num_kv_heads, kv_head, page0);
+    // A operand: rows r and r + 8 of the tile, 16 bytes of each 32-column slice per thread.
+    const uint4* row0 = reinterpret_cast<const uint4*>(p.summaries + (entry + r) * 2 * D) + t4;
+    const uint4* row8 = row0 + 8 * (2 * D / 8);
+    uint4 a0[kChunks], a8[kChunks];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kSlots + slot;
-        lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
-        if (j < tile_end) {
-          const int32_t page = first + j;
-          const int64_t chunk = __ldg(dir + page / kSummaryChunkPages);
-          const int64_t entry = summary_entry(chunk, p.num_kv_heads, kv_head, page);
-          const uint4* row = rows + entry * (2 * kLanes);
-          lo[u] = __ldg(row);
-          hi[u] = __ldg(row + kLanes);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kSlots + slot;
-        const float score = page_bound<kLanes, G>(lo[u], hi[u], q_pos, q_neg);
-        if (j < tile_end && lane == 0) out[j] = score;
-      }
+    for (int c = 0; c < kChunks; ++c) {
+      a0[c] = __ldcs(row0 + c * 4);
+      a8[c] = __ldcs(row8 + c * 4);
     }
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a[4] = {component(a0[c], 2 * h), component(a8[c], 2 * h), component(a0[c], 2 * h + 1),
+                               component(a8[c], 2 * h + 1)};
+        mma_bf16(s, a, component(qf[c], 2 * h), component(qf[c], 2 * h + 1));
+      }
+    // s: pages r and r + 8 against heads 2 t4 and 2 t4 + 1; the bound is the maximum over heads.
+    const bool h0 = 2 * t4 < p.group, h1 = 2 * t4 + 1 < p.group;
+    float m0 = fmaxf(h0 ? s[0] : -INFINITY, h1 ? s[1] : -INFINITY);
+    float m8 = fmaxf(h0 ? s[2] : -INFINITY, h1 ? s[3] : -INFINITY);
+#pragma unroll
+    for (int offset = 1; offset < 4; offset <<= 1) {
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, offset));
+      m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, offset));
+    }
+    const int32_t j0 = page0 + r - first, j8 = j0 + 8;
+    if (t4 == 0 && j0 >= 0 && j0 < count) out[j0] = m0;
+    if (t4 == 1 && j8 >= 0 && j8 < count) out[j8] = m8;
   }
-}
-
-template <int D>
-cudaError_t launch_score(const QuestScoreParams& p, dim3 grid, int tile_pages, cudaStream_t stream) {
-  with_group(p.group, [&](auto g) {
-    launch(quest_score_kernel<D, decltype(g)::value>, grid, kScoreThreads, 0, stream, p, tile_pages);
-  });
-  return cudaGetLastError();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,13 +347,18 @@ cudaError_t quest_score_pages(const QuestScoreParams& p, cudaStream_t stream) {
   if (!p.q || !p.summaries || !p.summary_dir || !p.dir_offsets || !p.first_candidate ||
       !p.end_candidate || !p.scores || !aligned16(p.q) || !aligned16(p.summaries))
     return cudaErrorInvalidValue;
-  const auto tiles = [&](int tile_pages) { return (p.max_candidates + tile_pages - 1) / tile_pages; };
-  int tile_pages = kMaxScoreTile;
-  while (tile_pages > kMinScoreTile && items * tiles(tile_pages) < kScoreBlocksPerSm * multiprocessor_count())
-    tile_pages /= 2;
-  const dim3 grid(static_cast<unsigned>(items), std::min(tiles(tile_pages), kMaxGridY));
-  return p.head_dim == 64 ? launch_score<64>(p, grid, tile_pages, stream)
-                          : launch_score<128>(p, grid, tile_pages, stream);
+  // One wave of kScoreBlocksPerSm blocks per SM shared by the items, but no more warps per item
+  // than it has tiles (its first page need not start one: one more).
+  const int64_t item_tiles = (p.max_candidates + kScoreTile - 1) / kScoreTile + 1;
+  const int64_t slots = int64_t{kScoreBlocksPerSm} * multiprocessor_count();
+  const int64_t blocks =
+      std::clamp<int64_t>(slots / items, 1, std::min<int64_t>((item_tiles + kScoreWarps - 1) / kScoreWarps, kMaxGridY));
+  const dim3 grid(static_cast<unsigned>(items), static_cast<unsigned>(blocks));
+  if (p.head_dim == 64)
+    launch(quest_score_kernel<64>, grid, kScoreWarps * 32, 0, stream, p);
+  else
+    launch(quest_score_kernel<128>, grid, kScoreWarps * 32, 0, stream, p);
+  return cudaGetLastError();
 }
 
 cudaError_t select_top_pages(const SelectTopParams& p, cudaStream_t stream) {
