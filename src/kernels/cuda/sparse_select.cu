@@ -111,16 +111,6 @@ constexpr int kMaxGridY = 65535;
 
 __host__ __device__ constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
 
-__device__ __forceinline__ uint4 bf16x8_sign_part(uint4 v, bool positive) {
-  const auto part = [positive](uint32_t w) {
-    const __nv_bfloat162 x = *reinterpret_cast<const __nv_bfloat162*>(&w);
-    const __nv_bfloat162 zero = __float2bfloat162_rn(0.0f);
-    const __nv_bfloat162 r = positive ? __hmax2(x, zero) : __hmin2(x, zero);
-    return *reinterpret_cast<const uint32_t*>(&r);
-  };
-  return {part(v.x), part(v.y), part(v.z), part(v.w)};
-}
-
 // Block y of item i: its warps take the item's 16-page tiles (aligned to 16 in page number, so a
 // tile is one contiguous run of a chunk's entries) in turn, over every block of the item.
 template <int D>
@@ -149,8 +139,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kScoreBlocksPerSm) quest_sco
 #pragma unroll
   for (int c = 0; c < kChunks / 2; ++c) {
     const uint4 x = r < p.group ? __ldg(reinterpret_cast<const uint4*>(q + c * 32 + t4 * 8)) : make_uint4(0, 0, 0, 0);
-    qf[c] = bf16x8_sign_part(x, false);
-    qf[kChunks / 2 + c] = bf16x8_sign_part(x, true);
+    qf[c] = min8(x, make_uint4(0, 0, 0, 0));  // bf16 +0 is all zero bits
+    qf[kChunks / 2 + c] = max8(x, make_uint4(0, 0, 0, 0));
   }
   const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
   float* out = p.scores + static_cast<int64_t>(item) * p.max_candidates;
