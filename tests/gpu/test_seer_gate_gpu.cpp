@@ -1,13 +1,16 @@
 // Seer's training-free gate on the GPU (kernels/cuda/seer_gate.h), on fresh random inputs each run
 // (seed printed):
-//  * Index: each listed page's key rows turned back by their positions and summed, against a
-//    double recomputation; relative error <= 1e-5 of sum_t |k_t| per pair (fp32 sums of <= 64
-//    terms with fp32 cos/sin); entries not listed keep their poison; value rows (far outside the
-//    keys' range) never leak in. Positions up to 2^20 tokens, both RoPE pair layouts.
+//  * Index: the pages of two sequences (one past 2^20 tokens) folded as the engine does, prompts
+//    in runs per block then decode steps page by page; each entry against double: the block's sum
+//    so far of the keys turned back by their positions, or at its last page the block's mean
+//    turned to its centre; error <= 1e-5 of the sums of |terms| (fp32 sums of <= 512 terms with
+//    fp32 cos/sin); entries of no page keep their poison; value rows (far outside the keys'
+//    range) never leak in. Both RoPE pair layouts, 1..8 pages a block.
 //  * Score: each candidate page gets its block's score (mean key of the block's pages below `end`
 //    turned to the block centre, max over the group's heads; +inf for the block being decoded),
-//    against a double recomputation, error <= 1e-4 of max_h sum_d |q_d * key_d|; slots past the
-//    candidates keep their poison.
+//    from the entries an Index makes of random page sums, against a double recomputation from
+//    those sums, error <= 1e-4 of max_h sum_d |q_d * key_d|; slots past the candidates keep their
+//    poison. Warps of one block and of four (pinned; the trained and CPU tests pin both too).
 //  * Trained Index: runs of a block's pages (the prompt's, head-major) then single pages (decode
 //    steps); each complete block's key (pooled keys turned back, times k_gate, turned to the block
 //    start) and the last partial block's running max, min and sum against double, relative to the
@@ -178,6 +181,116 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
 
   void expect_the_cpu_selection(bool trained);
 
+  // The pages of two sequences as an Index folds them in the engine: each prompt's complete pages
+  // (a run per block and KV head, head-major; its last block partial), then decode steps that
+  // complete one page per (sequence, KV head) until `pages`. Sequence 1 starts past 2^20 tokens,
+  // so its angles are large. Keys are N(0, 2); value rows +-1e4, far outside them, so a leak shows.
+  struct FoldLayout {
+    static constexpr int kSeqs = 2, kKvHeads = 2;
+    int head_dim = 0, page_size = 0, block_pages = 0;
+    std::vector<int> pages, prompt, first_page;  // first_page: logical page of page 0, a chunk's start
+    std::vector<uint16_t> pool;
+    std::vector<int32_t> pool_ids;  // (seq, page, head) -> pool page
+    std::vector<std::vector<int32_t>> dir;
+    int chunks = 0;
+    size_t page_elems() const { return size_t{2} * page_size * head_dim; }
+    int32_t pool_page(int s, int pg, int h) const { return pool_ids[((s ? pages[0] : 0) + pg) * kKvHeads + h]; }
+    int32_t entry(int s, int h, int pg) const {
+      return (dir[s][pg / kSummaryChunkPages] * kKvHeads + h) * kSummaryChunkPages + pg % kSummaryChunkPages;
+    }
+    size_t entries() const { return size_t(chunks) * kKvHeads * kSummaryChunkPages; }
+    int64_t position(int s, int pg, int t) const { return (int64_t{first_page[s]} + pg) * page_size + t; }
+    // Key row t of page pg, turned back to position 0 in double; adds each pair's |k_a| + |k_b| to
+    // *magnitude (both of its dimensions) when given.
+    std::vector<double> turned_back(int s, int h, int pg, int t, const RopeTable& rope,
+                                    std::vector<double>* magnitude) const {
+      std::vector<double> k(head_dim);
+      for (int d = 0; d < head_dim; ++d)
+        k[d] = bf16_to_f32(pool[size_t(pool_page(s, pg, h)) * page_elems() + size_t(t) * head_dim + d]);
+      if (magnitude)
+        for (int i = 0; i < head_dim / 2; ++i) {
+          const int a = pair_a(i, rope.neox), b = pair_b(i, head_dim, rope.neox);
+          const double m = std::abs(k[a]) + std::abs(k[b]);
+          (*magnitude)[a] += m;
+          (*magnitude)[b] += m;
+        }
+      turn(k, rope, double(position(s, pg, t)), -1.0);
+      return k;
+    }
+  };
+  FoldLayout fold_layout(int head_dim, int page_size, int block_pages) {
+    FoldLayout l;
+    l.head_dim = head_dim;
+    l.page_size = page_size;
+    l.block_pages = block_pages;
+    l.pages = {uniform(30, 90), uniform(200, 400)};
+    l.first_page = {0, ((1 << 20) / page_size / kSummaryChunkPages + uniform(0, 3)) * kSummaryChunkPages};
+    for (int s = 0; s < FoldLayout::kSeqs; ++s) {
+      int prompt;
+      do prompt = uniform(block_pages + 1, l.pages[s] - 2);
+      while (block_pages > 1 && prompt % block_pages == 0);  // a partial last block, where one can be
+      l.prompt.push_back(prompt);
+    }
+    const int pool_pages = (l.pages[0] + l.pages[1]) * FoldLayout::kKvHeads;
+    l.pool.resize(pool_pages * l.page_elems());
+    for (size_t e = 0; e < l.pool.size(); ++e)
+      l.pool[e] = (e % l.page_elems()) >= l.page_elems() / 2 ? f32_to_bf16(chance(0.5) ? 1e4f : -1e4f)
+                                                            : f32_to_bf16(normal(2.0f));
+    l.pool_ids.resize(pool_pages);
+    std::iota(l.pool_ids.begin(), l.pool_ids.end(), 0);
+    std::shuffle(l.pool_ids.begin(), l.pool_ids.end(), rng_);
+    l.dir.resize(FoldLayout::kSeqs);
+    for (int s = 0; s < FoldLayout::kSeqs; ++s)
+      for (int c = 0; c < (l.pages[s] + kSummaryChunkPages - 1) / kSummaryChunkPages; ++c) l.dir[s].push_back(l.chunks++);
+    std::vector<int32_t> order(l.chunks);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng_);
+    for (auto& d : l.dir)
+      for (int32_t& c : d) c = order[c];
+    return l;
+  }
+  // Folds the layout's pages with `index` (which launches an Index on p): the prompts, then the
+  // decode steps (rows that complete no page pass -1).
+  template <typename Index>
+  void fold(const FoldLayout& l, cuda::SeerIndexParams& p, Index index) {
+    const auto run = [&](const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
+                         const std::vector<int32_t>& logical, const std::vector<int32_t>* runs) {
+      DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical), d_runs(runs ? *runs : src);
+      for (cudaError_t st : {d_src.status(), d_dst.status(), d_logical.status(), d_runs.status()}) CUDA_OK(st);
+      p.src_pages = d_src.get();
+      p.dst_entries = d_dst.get();
+      p.logical_pages = d_logical.get();
+      p.run_offsets = runs ? d_runs.get() : nullptr;
+      p.num_runs = runs ? static_cast<int>(runs->size()) - 1 : static_cast<int>(src.size());
+      CUDA_OK(index());
+      CUDA_OK(cudaDeviceSynchronize());
+    };
+    {
+      std::vector<int32_t> src, dst, logical, runs;
+      for (int s = 0; s < FoldLayout::kSeqs; ++s)
+        for (int h = 0; h < FoldLayout::kKvHeads; ++h)
+          for (int pg = 0; pg < l.prompt[s]; ++pg) {
+            if (pg % l.block_pages == 0) runs.push_back(static_cast<int32_t>(src.size()));
+            src.push_back(l.pool_page(s, pg, h));
+            dst.push_back(l.entry(s, h, pg));
+            logical.push_back(l.first_page[s] + pg);
+          }
+      runs.push_back(static_cast<int32_t>(src.size()));
+      run(src, dst, logical, &runs);
+    }
+    for (int pg = std::min(l.prompt[0], l.prompt[1]); pg < std::max(l.pages[0], l.pages[1]); ++pg) {
+      std::vector<int32_t> src, dst, logical;
+      for (int s = 0; s < FoldLayout::kSeqs; ++s)
+        for (int h = 0; h < FoldLayout::kKvHeads; ++h) {
+          const bool folds = pg >= l.prompt[s] && pg < l.pages[s];
+          src.push_back(folds ? l.pool_page(s, pg, h) : -1);
+          dst.push_back(folds ? l.entry(s, h, pg) : 0);
+          logical.push_back(folds ? l.first_page[s] + pg : 0);
+        }
+      run(src, dst, logical, nullptr);
+    }
+  }
+
   // Candidate ranges of four sequences for the score tests: one from page 0, an empty one, one
   // starting mid-block past page 2000 that crosses chunks, and one whose last block is the one
   // being decoded (no window); their summary chunks in shuffled order.
@@ -230,85 +343,75 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
   };
 };
 
-TEST_F(GpuSeerGate, IndexSumsKeysTurnedBackToPositionZero) {
+TEST_F(GpuSeerGate, IndexKeepsBlockSumsThenTheReadyBlockKey) {
   for (bool neox : {true, false})
     for (int head_dim : {64, 128})
-      for (int page_size : {8, 16, 64}) {
-        const RopeTable rope = test_rope(head_dim, neox);
-        const int pool_pages = 29, num_entries = 53, listed = 41;
-        const size_t page_elems = size_t{2} * page_size * head_dim;
-        std::vector<uint16_t> pool(pool_pages * page_elems);
-        for (size_t e = 0; e < pool.size(); ++e)
-          pool[e] = (e % page_elems) >= page_elems / 2 ? f32_to_bf16(chance(0.5) ? 1e4f : -1e4f)
-                                                        : f32_to_bf16(normal(2.0f));
-        std::vector<int32_t> src(listed), dst(num_entries), logical(listed);
-        for (int32_t& s : src) s = chance(0.15) ? -1 : uniform(0, pool_pages - 1);
-        std::iota(dst.begin(), dst.end(), 0);
-        std::shuffle(dst.begin(), dst.end(), rng_);
-        dst.resize(listed);
-        for (int32_t& l : logical) l = chance(0.3) ? uniform(0, 8) : uniform(0, (1 << 20) / page_size);
+      for (int page_size : {8, 16, 64})
+        for (int block_pages : {1, 2, 4, 8}) {
+          const RopeTable rope = test_rope(head_dim, neox);
+          const FoldLayout l = fold_layout(head_dim, page_size, block_pages);
+          DeviceArray<uint16_t> d_pool(l.pool), d_summaries(l.entries() * 2 * head_dim);
+          DeviceArray<float> d_freq(rope.inv_freq);
+          for (cudaError_t st : {d_pool.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
+          cuda::SeerIndexParams p;
+          p.kv_pool = as_bf16(d_pool.get());
+          p.head_dim = head_dim;
+          p.page_size = page_size;
+          p.block_pages = block_pages;
+          p.inv_freq = d_freq.get();
+          p.neox = neox;
+          p.summaries = as_bf16(d_summaries.get());
+          fold(l, p, [&] { return cuda::seer_index_pages(p, nullptr); });
+          const std::vector<uint16_t> got_bits = d_summaries.download();
+          const auto got = [&](int32_t e, int d) {
+            return bits_to_f32(uint32_t{got_bits[(size_t(e) * head_dim + d) * 2]} |
+                               uint32_t{got_bits[(size_t(e) * head_dim + d) * 2 + 1]} << 16);
+          };
 
-        DeviceArray<uint16_t> d_pool(pool), d_summaries(size_t{num_entries} * 2 * head_dim);
-        DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical);
-        DeviceArray<float> d_freq(rope.inv_freq);
-        for (cudaError_t st : {d_pool.status(), d_summaries.status(), d_src.status(), d_dst.status(),
-                               d_logical.status(), d_freq.status()})
-          CUDA_OK(st);
-        cuda::SeerIndexParams p;
-        p.kv_pool = as_bf16(d_pool.get());
-        p.src_pages = d_src.get();
-        p.dst_entries = d_dst.get();
-        p.logical_pages = d_logical.get();
-        p.num_pages = listed;
-        p.head_dim = head_dim;
-        p.page_size = page_size;
-        p.inv_freq = d_freq.get();
-        p.neox = neox;
-        p.summaries = as_bf16(d_summaries.get());
-        CUDA_OK(cuda::seer_index_pages(p, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        const std::vector<uint16_t> got_bits = d_summaries.download();
-
-        std::vector<bool> written(num_entries, false);
-        int bad = 0;
-        const auto report = [&](const std::string& what) {
-          if (bad++ < kMaxReported)
-            ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size << ": "
-                          << what;
-        };
-        for (int i = 0; i < listed; ++i) {
-          if (src[i] < 0) continue;
-          written[dst[i]] = true;
-          std::vector<double> sum(head_dim, 0.0), magnitude(head_dim, 0.0);
-          for (int t = 0; t < page_size; ++t) {
-            std::vector<double> k(head_dim);
-            for (int d = 0; d < head_dim; ++d) {
-              k[d] = bf16_to_f32(pool[src[i] * page_elems + size_t(t) * head_dim + d]);
+          int bad = 0;
+          const auto report = [&](const std::string& what) {
+            if (bad++ < kMaxReported)
+              ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size
+                            << " block_pages " << block_pages << ": " << what;
+          };
+          std::vector<bool> written(l.entries(), false);
+          for (int s = 0; s < FoldLayout::kSeqs; ++s)
+            for (int h = 0; h < FoldLayout::kKvHeads; ++h) {
+              std::vector<double> sum(head_dim), magnitude(head_dim);
+              for (int pg = 0; pg < l.pages[s]; ++pg) {
+                const int j = pg % block_pages;
+                if (j == 0) std::fill(sum.begin(), sum.end(), 0.0), std::fill(magnitude.begin(), magnitude.end(), 0.0);
+                for (int t = 0; t < page_size; ++t) {
+                  const std::vector<double> k = l.turned_back(s, h, pg, t, rope, &magnitude);
+                  for (int d = 0; d < head_dim; ++d) sum[d] += k[d];
+                }
+                std::vector<double> want = sum, tolerance = magnitude;
+                const char* what = "block sum";
+                if (j == block_pages - 1) {  // the block key: the mean, turned to the block's centre
+                  const double tokens = double(block_pages) * page_size;
+                  for (int d = 0; d < head_dim; ++d) want[d] /= tokens, tolerance[d] /= tokens;
+                  turn(want, rope, double(l.position(s, pg - j, 0)) + tokens / 2, 1.0);
+                  what = "block key";
+                }
+                const int32_t e = l.entry(s, h, pg);
+                written[e] = true;
+                for (int d = 0; d < head_dim; ++d)
+                  if (!(std::abs(got(e, d) - want[d]) <= 1e-5 * tolerance[d]))
+                    report("seq " + std::to_string(s) + " head " + std::to_string(h) + " page " + std::to_string(pg) +
+                           " " + what + " dim " + std::to_string(d) + ": got " + std::to_string(got(e, d)) +
+                           " expected " + std::to_string(want[d]));
+              }
             }
-            for (int j = 0; j < head_dim / 2; ++j) {
-              const double m = std::abs(k[pair_a(j, neox)]) + std::abs(k[pair_b(j, head_dim, neox)]);
-              magnitude[pair_a(j, neox)] += m;
-              magnitude[pair_b(j, head_dim, neox)] += m;
-            }
-            turn(k, rope, double(int64_t{logical[i]} * page_size + t), -1.0);
-            for (int d = 0; d < head_dim; ++d) sum[d] += k[d];
+          for (size_t e = 0; e < l.entries(); ++e) {
+            if (written[e]) continue;
+            for (int x = 0; x < 2 * head_dim; ++x)
+              if (got_bits[e * 2 * head_dim + x] != kPoisonBf16) {
+                report("entry " + std::to_string(e) + " of no page was written");
+                break;
+              }
           }
-          const auto* got = reinterpret_cast<const float*>(got_bits.data() + size_t(dst[i]) * 2 * head_dim);
-          for (int d = 0; d < head_dim; ++d)
-            if (!(std::abs(got[d] - sum[d]) <= 1e-5 * magnitude[d]))
-              report("entry " + std::to_string(dst[i]) + " dim " + std::to_string(d) + ": got " +
-                     std::to_string(got[d]) + " expected " + std::to_string(sum[d]));
+          EXPECT_EQ(bad, 0);
         }
-        for (int e = 0; e < num_entries; ++e) {
-          if (written[e]) continue;
-          for (int x = 0; x < 2 * head_dim; ++x)
-            if (got_bits[size_t(e) * 2 * head_dim + x] != kPoisonBf16) {
-              report("entry " + std::to_string(e) + " not listed was written");
-              break;
-            }
-        }
-        EXPECT_EQ(bad, 0);
-      }
 }
 
 // The reference block score of seer_gate.h, in double, from per-page sums `sum(page)`.
@@ -344,18 +447,38 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
   for (bool neox : {true, false})
     for (int head_dim : {64, 128})
       for (int group : {1, 3, 4, 8})
-        for (int block_pages : {1, 3, 4, 8}) {
+        for (int block_pages : {1, 2, 4, 8})
+          for (int tile_blocks : {1, 4}) {
           const RopeTable rope = test_rope(head_dim, neox);
           const int nkv = uniform(1, 3);
           const ScoreLayout layout = score_layout();
           const std::vector<int32_t>&first = layout.first, &end = layout.end, &current = layout.current;
           const int num_seqs = ScoreLayout::kSeqs, max_candidates = layout.max_candidates;
-          std::vector<float> sums(layout.entries(nkv) * head_dim);
+          // Random page sums, and the entries an Index makes of them (seer_gate.h): the block's sum
+          // so far, or, at its last page, the block key.
+          std::vector<float> sums(layout.entries(nkv) * head_dim), entries(sums.size());
           for (float& x : sums) x = normal(4.0f);
+          const int64_t block_tokens = int64_t{block_pages} * page_size;
+          for (int s = 0; s < num_seqs; ++s)
+            for (int h = 0; h < nkv; ++h) {
+              const int pages = (end[s] + kSummaryChunkPages - 1) / kSummaryChunkPages * kSummaryChunkPages;
+              std::vector<double> sum(head_dim);
+              for (int pg = 0; pg < pages; ++pg) {
+                const size_t e = layout.entry(s, h, pg, nkv);
+                if (pg % block_pages == 0) std::fill(sum.begin(), sum.end(), 0.0);
+                for (int d = 0; d < head_dim; ++d) sum[d] += sums[e * head_dim + d];
+                std::vector<double> stored = sum;
+                if (pg % block_pages == block_pages - 1) {
+                  for (double& x : stored) x /= double(block_tokens);
+                  turn(stored, rope, double(pg / block_pages * block_tokens + block_tokens / 2), 1.0);
+                }
+                for (int d = 0; d < head_dim; ++d) entries[e * head_dim + d] = static_cast<float>(stored[d]);
+              }
+            }
           std::vector<uint16_t> q(size_t(num_seqs) * nkv * group * head_dim);
           for (uint16_t& x : q) x = f32_to_bf16(normal(1.0f));
 
-          DeviceArray<float> d_sums(sums), d_freq(rope.inv_freq);
+          DeviceArray<float> d_sums(entries), d_freq(rope.inv_freq);
           DeviceArray<float> d_scores(size_t(num_seqs) * nkv * max_candidates);
           DeviceArray<uint16_t> d_q(q);
           const DeviceScoreLayout d_layout(layout);
@@ -371,6 +494,7 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
           p.inv_freq = d_freq.get();
           p.neox = neox;
           p.scores = d_scores.get();
+          p.tile_blocks = tile_blocks;
           CUDA_OK(cuda::seer_score_pages(p, nullptr));
           CUDA_OK(cudaDeviceSynchronize());
           const std::vector<float> got = d_scores.download();
@@ -401,7 +525,7 @@ TEST_F(GpuSeerGate, ScoreIsTheBlockMeanKeyAtItsCentreAgainstTheGroup) {
                     problem = "got " + std::to_string(row[j]) + " expected " + std::to_string(expect);
                 }
                 if (!problem.empty() && bad++ < kMaxReported)
-                  ADD_FAILURE() << "neox " << neox << " hd " << head_dim << " group " << group << " block "
+                  ADD_FAILURE() << "neox " << neox << " hd " << head_dim << " group " << group << " tile " << tile_blocks << " block "
                                 << block_pages << " seq " << s << " head " << h << " page " << pg << ": " << problem;
               }
             }
@@ -415,38 +539,10 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
       for (int page_size : {8, 16})
         for (int block_pages : {4, 8}) {
           const RopeTable rope = test_rope(head_dim, neox);
-          const int nkv = 2, num_seqs = 2;
-          const std::vector<int> pages = {uniform(30, 90), uniform(200, 400)};
-          // The prompt's complete pages (the last block partial), then decode steps page by page.
-          std::vector<int> prompt(num_seqs);
-          for (int s = 0; s < num_seqs; ++s) {
-            do prompt[s] = uniform(block_pages + 1, pages[s] - 2);
-            while (prompt[s] % block_pages == 0);
-          }
-          const size_t page_elems = size_t{2} * page_size * head_dim;
-          const int pool_pages = (pages[0] + pages[1]) * nkv;
-          std::vector<uint16_t> pool(pool_pages * page_elems);
-          for (uint16_t& x : pool) x = f32_to_bf16(normal(2.0f));
-          std::vector<int32_t> pool_ids(pool_pages);  // (seq, page, head) -> pool page
-          std::iota(pool_ids.begin(), pool_ids.end(), 0);
-          std::shuffle(pool_ids.begin(), pool_ids.end(), rng_);
-          const auto pool_page = [&](int s, int pg, int h) { return pool_ids[((s ? pages[0] : 0) + pg) * nkv + h]; };
-          std::vector<std::vector<int32_t>> dir(num_seqs);
-          int total_chunks = 0;
-          for (int s = 0; s < num_seqs; ++s)
-            for (int c = 0; c < (pages[s] + kSummaryChunkPages - 1) / kSummaryChunkPages; ++c) dir[s].push_back(total_chunks++);
-          std::vector<int32_t> order(total_chunks);
-          std::iota(order.begin(), order.end(), 0);
-          std::shuffle(order.begin(), order.end(), rng_);
-          for (auto& d : dir)
-            for (int32_t& c : d) c = order[c];
-          const auto entry = [&](int s, int h, int pg) {
-            return static_cast<int32_t>((dir[s][pg / kSummaryChunkPages] * nkv + h) * kSummaryChunkPages +
-                                        pg % kSummaryChunkPages);
-          };
+          const FoldLayout l = fold_layout(head_dim, page_size, block_pages);
+          const int nkv = FoldLayout::kKvHeads;
           const auto gate = random_gate(1, nkv, 1, head_dim);
-          const size_t entries = size_t(total_chunks) * nkv * kSummaryChunkPages;
-          DeviceArray<uint16_t> d_pool(pool), d_k_gate(to_bf16(gate->k)), d_summaries(entries * 2 * head_dim);
+          DeviceArray<uint16_t> d_pool(l.pool), d_k_gate(to_bf16(gate->k)), d_summaries(l.entries() * 2 * head_dim);
           DeviceArray<float> d_freq(rope.inv_freq);
           for (cudaError_t st : {d_pool.status(), d_k_gate.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
           cuda::SeerTrainedIndexParams p;
@@ -459,41 +555,7 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
           p.neox = neox;
           p.k_gate = as_bf16(d_k_gate.get());
           p.summaries = as_bf16(d_summaries.get());
-          const auto run = [&](const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
-                               const std::vector<int32_t>& logical, const std::vector<int32_t>* runs) {
-            DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical), d_runs(runs ? *runs : src);
-            p.src_pages = d_src.get();
-            p.dst_entries = d_dst.get();
-            p.logical_pages = d_logical.get();
-            p.run_offsets = runs ? d_runs.get() : nullptr;
-            p.num_runs = runs ? static_cast<int>(runs->size()) - 1 : static_cast<int>(src.size());
-            CUDA_OK(cuda::seer_trained_index_pages(p, nullptr));
-            CUDA_OK(cudaDeviceSynchronize());
-          };
-          {  // the prompts: head-major, a run per block
-            std::vector<int32_t> src, dst, logical, runs;
-            for (int s = 0; s < num_seqs; ++s)
-              for (int h = 0; h < nkv; ++h)
-                for (int pg = 0; pg < prompt[s]; ++pg) {
-                  if (pg % block_pages == 0) runs.push_back(static_cast<int32_t>(src.size()));
-                  src.push_back(pool_page(s, pg, h));
-                  dst.push_back(entry(s, h, pg));
-                  logical.push_back(pg);
-                }
-            runs.push_back(static_cast<int32_t>(src.size()));
-            run(src, dst, logical, &runs);
-          }
-          for (int pg = std::min(prompt[0], prompt[1]); pg < std::max(pages[0], pages[1]); ++pg) {
-            std::vector<int32_t> src, dst, logical;  // one decode step: an item per (seq, head)
-            for (int s = 0; s < num_seqs; ++s)
-              for (int h = 0; h < nkv; ++h) {
-                const bool folds = pg >= prompt[s] && pg < pages[s];
-                src.push_back(folds ? pool_page(s, pg, h) : -1);
-                dst.push_back(folds ? entry(s, h, pg) : 0);
-                logical.push_back(folds ? pg : 0);
-              }
-            run(src, dst, logical, nullptr);
-          }
+          fold(l, p, [&] { return cuda::seer_trained_index_pages(p, nullptr); });
           const std::vector<uint16_t> got_bits = d_summaries.download();
           const auto got = [&](int32_t e, int d) {
             return bits_to_f32(uint32_t{got_bits[(size_t(e) * head_dim + d) * 2]} |
@@ -506,35 +568,28 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
               ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size
                             << " block_pages " << block_pages << ": " << what;
           };
-          for (int s = 0; s < num_seqs; ++s)
+          for (int s = 0; s < FoldLayout::kSeqs; ++s)
             for (int h = 0; h < nkv; ++h)
-              for (int b = 0; b * block_pages < pages[s]; ++b) {
-                const int p0 = b * block_pages, p1 = std::min(pages[s], p0 + block_pages);
+              for (int b = 0; b * block_pages < l.pages[s]; ++b) {
+                const int p0 = b * block_pages, p1 = std::min(l.pages[s], p0 + block_pages);
                 std::vector<std::vector<double>> rows;  // turned back, in double
                 std::vector<double> abs_max(head_dim, 0.0), abs_sum(head_dim, 0.0);
                 for (int pg = p0; pg < p1; ++pg)
                   for (int t = 0; t < page_size; ++t) {
-                    std::vector<double> k(head_dim);
-                    for (int d = 0; d < head_dim; ++d)
-                      k[d] = bf16_to_f32(pool[size_t(pool_page(s, pg, h)) * page_elems + size_t(t) * head_dim + d]);
-                    for (int i = 0; i < head_dim / 2; ++i) {
-                      const int a = pair_a(i, neox), c = pair_b(i, head_dim, neox);
-                      const double m = std::abs(k[a]) + std::abs(k[c]);
-                      abs_max[a] = abs_max[c] = std::max(abs_max[a], m);
-                      abs_sum[a] = abs_sum[c] = abs_sum[a] + m;
-                    }
-                    turn(k, rope, double(int64_t{pg} * page_size + t), -1.0);
-                    rows.push_back(k);
+                    std::vector<double> m(head_dim, 0.0);
+                    rows.push_back(l.turned_back(s, h, pg, t, rope, &m));
+                    for (int d = 0; d < head_dim; ++d) abs_max[d] = std::max(abs_max[d], m[d]), abs_sum[d] += m[d];
                   }
+                const auto entry = [&](int pg) { return l.entry(s, h, pg); };
                 const std::string at = "seq " + std::to_string(s) + " head " + std::to_string(h) + " block " +
                                        std::to_string(b);
                 if (p1 - p0 == block_pages) {
                   std::vector<double> magnitude;
                   const std::vector<double> key = reference_trained_key(
-                      rows, gate->k_gate(0, h), rope, double(int64_t{p0} * page_size), 1.0, &magnitude);
+                      rows, gate->k_gate(0, h), rope, double(l.position(s, p0, 0)), 1.0, &magnitude);
                   for (int d = 0; d < head_dim; ++d)
-                    if (!(std::abs(got(entry(s, h, p0), d) - key[d]) <= 1e-4 * magnitude[d]))
-                      report(at + " key dim " + std::to_string(d) + ": got " + std::to_string(got(entry(s, h, p0), d)) +
+                    if (!(std::abs(got(entry(p0), d) - key[d]) <= 1e-4 * magnitude[d]))
+                      report(at + " key dim " + std::to_string(d) + ": got " + std::to_string(got(entry(p0), d)) +
                              " expected " + std::to_string(key[d]));
                 } else {  // the running pools
                   for (int d = 0; d < head_dim; ++d) {
@@ -542,14 +597,14 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
                     for (const auto& x : rows) hi = std::max(hi, x[d]), lo = std::min(lo, x[d]), sum += x[d];
                     const double want[3] = {hi, lo, sum}, tolerance[3] = {abs_max[d], abs_max[d], abs_sum[d]};
                     for (int k = 0; k < 3; ++k)
-                      if (!(std::abs(got(entry(s, h, p0 + k), d) - want[k]) <= 1e-5 * tolerance[k]))
+                      if (!(std::abs(got(entry(p0 + k), d) - want[k]) <= 1e-5 * tolerance[k]))
                         report(at + " pool " + std::to_string(k) + " dim " + std::to_string(d) + ": got " +
-                               std::to_string(got(entry(s, h, p0 + k), d)) + " expected " + std::to_string(want[k]));
+                               std::to_string(got(entry(p0 + k), d)) + " expected " + std::to_string(want[k]));
                   }
                 }
                 for (int pg = p0 + 3; pg < p0 + block_pages; ++pg)  // never written
                   for (int x = 0; x < 2 * head_dim; ++x)
-                    if (got_bits[size_t(entry(s, h, pg)) * 2 * head_dim + x] != kPoisonBf16) {
+                    if (got_bits[size_t(entry(pg)) * 2 * head_dim + x] != kPoisonBf16) {
                       report(at + " page " + std::to_string(pg) + "'s entry was written");
                       break;
                     }
@@ -608,6 +663,7 @@ TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
       p.block_pages = block_pages;
       p.scores = d_scores.get();
       p.gate_queries = d_gq.get();
+      p.tile_blocks = group % 2 == 0 ? 4 : 1;  // both tile sizes over the groups
       CUDA_OK(cuda::seer_score_pages(p, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> got = d_scores.download();
@@ -633,15 +689,15 @@ TEST_F(GpuSeerGate, TrainedScoreIsTheGateQueryAgainstTheBlockKey) {
                 problem = "got " + std::to_string(score) + " expected " + std::to_string(want);
             }
             if (!problem.empty() && bad++ < kMaxReported)
-              ADD_FAILURE() << "hd " << head_dim << " group " << group << " seq " << s << " head " << h << " page "
-                            << pg << ": " << problem;
+              ADD_FAILURE() << "hd " << head_dim << " group " << group << " tile " << p.tile_blocks << " seq " << s
+                            << " head " << h << " page " << pg << ": " << problem;
           }
         }
       EXPECT_EQ(bad, 0);
     }
 }
 
-TEST_F(GpuSeerGate, TrainedKernelsRejectBadParameters) {
+TEST_F(GpuSeerGate, KernelsRejectBadParameters) {
   DeviceArray<uint16_t> buffer(4096);
   DeviceArray<int32_t> ids(16);
   DeviceArray<float> floats(1024);
@@ -662,6 +718,15 @@ TEST_F(GpuSeerGate, TrainedKernelsRejectBadParameters) {
   cuda::SeerTrainedIndexParams no_gate = ip;
   no_gate.k_gate = nullptr;
   EXPECT_EQ(cuda::seer_trained_index_pages(no_gate, nullptr), cudaErrorInvalidValue);
+  for (int block_pages : {0, 3, 128}) {  // the training-free Index: whole blocks within a summary chunk
+    cuda::SeerIndexParams bad = ip;
+    bad.block_pages = block_pages;
+    EXPECT_EQ(cuda::seer_index_pages(bad, nullptr), cudaErrorInvalidValue) << block_pages;
+  }
+  cuda::SeerIndexParams one_page = ip;
+  one_page.block_pages = 1;
+  EXPECT_EQ(cuda::seer_index_pages(one_page, nullptr), cudaSuccess);
+  CUDA_OK(cudaDeviceSynchronize());
   cuda::SeerGateQueryParams qp;
   qp.q = qp.q_gate = as_bf16(buffer.get());
   qp.out = floats.get();
@@ -679,6 +744,12 @@ TEST_F(GpuSeerGate, TrainedKernelsRejectBadParameters) {
   sp.num_seqs = sp.num_kv_heads = 1;
   sp.max_candidates = 4;
   sp.gate_queries = floats.get() + 1;  // not 16-byte aligned
+  EXPECT_EQ(cuda::seer_score_pages(sp, nullptr), cudaErrorInvalidValue);
+  sp.gate_queries = floats.get();
+  sp.block_pages = 3;  // blocks that straddle summary chunks
+  EXPECT_EQ(cuda::seer_score_pages(sp, nullptr), cudaErrorInvalidValue);
+  sp.block_pages = 4;
+  sp.tile_blocks = 2;
   EXPECT_EQ(cuda::seer_score_pages(sp, nullptr), cudaErrorInvalidValue);
 }
 
@@ -755,7 +826,7 @@ void GpuSeerGate::expect_the_cpu_selection(bool trained) {
 
       // GPU: one summary chunk per 64 pages, entries (chunk * nkv + h) * 64 + pg % 64.
       const int chunks = (pages + kSummaryChunkPages - 1) / kSummaryChunkPages;
-      // Head-major, a run per block (the trained Index's order; the training-free one takes any).
+      // Head-major, a run per block, as the engine indexes a prompt.
       std::vector<int32_t> src, dst, logical, runs, dir(chunks);
       std::iota(dir.begin(), dir.end(), 0);
       for (int h = 0; h < nkv; ++h)
@@ -813,9 +884,11 @@ void GpuSeerGate::expect_the_cpu_selection(bool trained) {
         ip.src_pages = d_src.get();
         ip.dst_entries = d_dst.get();
         ip.logical_pages = d_logical.get();
-        ip.num_pages = static_cast<int>(src.size());
+        ip.run_offsets = d_runs.get();
+        ip.num_runs = static_cast<int>(runs.size()) - 1;
         ip.head_dim = head_dim;
         ip.page_size = page_size;
+        ip.block_pages = block_pages;
         ip.inv_freq = d_freq.get();
         ip.neox = neox;
         ip.summaries = as_bf16(d_summaries.get());
@@ -840,6 +913,7 @@ void GpuSeerGate::expect_the_cpu_selection(bool trained) {
       sp.max_candidates = end - first;
       sp.scores = d_scores.get();
       if (trained) sp.gate_queries = d_gate_queries.get();
+      sp.tile_blocks = round == 1 ? 4 : 1;
       CUDA_OK(cuda::seer_score_pages(sp, nullptr));
       cuda::SelectTopParams tp;
       tp.scores = d_scores.get();

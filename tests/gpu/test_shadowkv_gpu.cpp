@@ -3,9 +3,13 @@
 //  * Index: each listed page's landmark against the mean of its keys in double (bf16 rounding:
 //    within 4e-3 relative), its flag 0, and the negated smallest cosine of its keys to the mean
 //    (within 1e-4); entries not listed keep their poison.
-//  * Score: each candidate's largest softmax probability over its group's heads, against double
-//    over the same bf16 landmarks and queries (within 1e-3 relative), +inf for flagged chunks;
-//    slots past the candidates keep their poison.
+//  * Score, against double over the same bf16 landmarks and queries: pass 1's logit of each
+//    candidate and head within 1e-4 of scale * sum |q_d l_d| (tensor-core fp32 sums of exact
+//    products, the bound Quest's score test uses), each block of 256 candidates' max and sum of
+//    exp per head, and each candidate's largest softmax probability over its group's heads
+//    (within 1e-3 relative), +inf for flagged chunks; slots and blocks past the candidates keep
+//    their poison. Groups 1..8, head_dim 64 and 128, first candidates off the 16-page tiles, ends
+//    too, items of one to three blocks.
 //  * Factorisation + rebuild: keys of exactly rank r (plus 1e-3 noise) stored with RoPE, factorised
 //    at rank r and rebuilt (tensor cores) into other pages: within 2e-2 of the stored keys (bf16 rounding of keys
 //    and factors), values of the destination pages untouched; at rank r / 2 the error is
@@ -21,6 +25,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "base/half.h"
@@ -121,8 +126,13 @@ TEST_F(GpuShadowKv, IndexWritesLandmarksFlagsAndCosines) {
 
 TEST_F(GpuShadowKv, ScoresAreTheGroupsLargestSoftmaxProbability) {
   for (int head_dim : {64, 128})
-    for (int group : {1, 5, 8}) {
-      const int seqs = 3, kv_heads = 2, chunks = 15, max_candidates = 700;
+    for (int group = 1; group <= 8; ++group) {
+      // Sequence s owns seq_chunks[s] shuffled summary chunks. 0: an unaligned first and an end off
+      // the 16-page tiles, two blocks of 256; 1: one candidate; 2: unaligned, one block; 3: up to
+      // three blocks from any first.
+      const int seqs = 4, kv_heads = 2, max_candidates = 700;
+      const std::vector<int32_t> seq_chunks{5, 1, 5, 12}, dir_offsets{0, 5, 6, 11};
+      const int chunks = 23;
       const int chunk_entries = chunks * kv_heads * kSummaryChunkPages;
       std::vector<uint16_t> summaries(size_t{chunk_entries} * 2 * head_dim);
       for (size_t e = 0; e < summaries.size(); ++e) {
@@ -131,18 +141,21 @@ TEST_F(GpuShadowKv, ScoresAreTheGroupsLargestSoftmaxProbability) {
                        : d == static_cast<size_t>(head_dim) ? f32_to_bf16(chance(0.05) ? 1.0f : 0.0f)
                                                             : uint16_t{0xffff};
       }
-      // Each sequence owns 5 shuffled chunks (pages 0..319); the first spans two blocks of 256.
       std::vector<int32_t> dir(chunks);
       std::iota(dir.begin(), dir.end(), 0);
       std::shuffle(dir.begin(), dir.end(), rng_);
-      const std::vector<int32_t> dir_offsets{0, 5, 10}, first{3, 0, 40}, end{300, 1, 40 + uniform(1, 200)};
+      const int first3 = uniform(0, 60);
+      const std::vector<int32_t> first{uniform(1, 15), 0, 40, first3},
+          end{16 * uniform(17, 19) + uniform(1, 15), 1, 40 + uniform(1, 200), first3 + uniform(513, max_candidates)};
+      for (int s = 0; s < seqs; ++s) ASSERT_LE(end[s], seq_chunks[s] * kSummaryChunkPages);
       std::vector<uint16_t> q(size_t{seqs} * kv_heads * group * head_dim);
       for (uint16_t& x : q) x = f32_to_bf16(normal(2.0f));
       const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+      const int items = seqs * kv_heads, blocks = (max_candidates + 255) / 256;
       DeviceArray<uint16_t> d_summaries(summaries), d_q(q);
       DeviceArray<int32_t> d_dir(dir), d_offsets(dir_offsets), d_first(first), d_end(end);
-      DeviceArray<float> d_logits(static_cast<size_t>(cuda::shadowkv_score_scratch(seqs * kv_heads, group, max_candidates))),
-          d_scores(size_t{seqs} * kv_heads * max_candidates);
+      DeviceArray<float> d_logits(static_cast<size_t>(cuda::shadowkv_score_scratch(items, group, max_candidates))),
+          d_scores(size_t{items} * max_candidates);
       for (cudaError_t st : {d_summaries.status(), d_q.status(), d_dir.status(), d_offsets.status(), d_first.status(),
                              d_end.status(), d_logits.status(), d_scores.status()})
         CUDA_OK(st);
@@ -164,42 +177,81 @@ TEST_F(GpuShadowKv, ScoresAreTheGroupsLargestSoftmaxProbability) {
       CUDA_OK(cuda::shadowkv_score_pages(p, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const std::vector<float> got = d_scores.download();
+      const std::vector<float> scratch = d_logits.download();
+      const float* partials = scratch.data() + cuda::shadowkv_score_partials_at(items, group, max_candidates);
       int bad = 0;
+      // head < 0: a candidate's score (over the group).
+      const auto fail = [&](const char* what, int item, int head, int at, double value, double ref) {
+        if (bad++ < 8)
+          ADD_FAILURE() << "hd " << head_dim << " group " << group << " item " << item
+                        << (head >= 0 ? " head " + std::to_string(head) : std::string()) << " " << what << " " << at
+                        << ": " << value << " vs " << ref;
+      };
       for (int s = 0; s < seqs; ++s)
         for (int h = 0; h < kv_heads; ++h) {
-          const int item = s * kv_heads + h;
+          const int item = s * kv_heads + h, count = end[s] - first[s];
           const auto entry = [&](int page) {
             const int64_t e = (int64_t{dir[dir_offsets[s] + page / kSummaryChunkPages]} * kv_heads + h) *
                                   kSummaryChunkPages + page % kSummaryChunkPages;
             return summaries.data() + e * 2 * head_dim;
           };
-          std::vector<double> best(end[s] - first[s], 0.0);
+          std::vector<double> best(count, 0.0);
           for (int g = 0; g < group; ++g) {
             const uint16_t* qh = q.data() + (static_cast<size_t>(item) * group + g) * head_dim;
-            std::vector<double> logit(best.size());
-            double top = -1e300, sum = 0.0;
-            for (int page = first[s]; page < end[s]; ++page) {
-              double dot = 0.0;
-              for (int d = 0; d < head_dim; ++d)
-                dot += double{bf16_to_f32(qh[d])} * bf16_to_f32(entry(page)[d]);
-              logit[page - first[s]] = dot * scale;
-              top = std::max(top, dot * scale);
+            // Pass 1's logits: fp32 sums of exact bf16 products on the tensor cores, whose
+            // accumulation may round less carefully than an FMA chain; 1e-4 of the sum of |terms|
+            // still lies far below bf16's 4e-3.
+            std::vector<double> logit(count), tolerance(count);
+            const float* got_logit = scratch.data() + (static_cast<size_t>(item) * group + g) * max_candidates;
+            for (int c = 0; c < count; ++c) {
+              double dot = 0.0, magnitude = 0.0;
+              for (int d = 0; d < head_dim; ++d) {
+                const double term = double{bf16_to_f32(qh[d])} * bf16_to_f32(entry(first[s] + c)[d]);
+                dot += term;
+                magnitude += std::abs(term);
+              }
+              logit[c] = dot * scale;
+              tolerance[c] = 1e-4 * magnitude * scale;
+              if (!(std::abs(got_logit[c] - logit[c]) <= tolerance[c]))
+                fail("logit", item, g, c, got_logit[c], logit[c]);
             }
+            for (int c = count; c < max_candidates; ++c)
+              if (!std::isnan(got_logit[c])) fail("logit past the candidates", item, g, c, got_logit[c], NAN);
+            // Each block's (max, sum of exp(logit - max)) of this head; blocks past the candidates
+            // write none.
+            for (int b = 0; b < blocks; ++b) {
+              const float* partial = partials + (static_cast<size_t>(item) * blocks + b) * group * 2 + g * 2;
+              if (b * 256 >= count) {
+                if (!std::isnan(partial[0]) || !std::isnan(partial[1]))
+                  fail("partials of no candidate, block", item, g, b, partial[0], NAN);
+                continue;
+              }
+              double top = -1e300, worst = 0.0, sum = 0.0;
+              for (int c = b * 256; c < std::min(count, b * 256 + 256); ++c) {
+                top = std::max(top, logit[c]);
+                worst = std::max(worst, tolerance[c]);
+                sum += std::exp(logit[c] - partial[0]);
+              }
+              if (!(std::abs(partial[0] - top) <= worst)) fail("block max", item, g, b, partial[0], top);
+              // Each term within its logit's tolerance, plus __expf's and the fp32 sums' rounding.
+              if (!(std::abs(partial[1] - sum) <= (2 * worst + 1e-4) * sum))
+                fail("block sum", item, g, b, partial[1], sum);
+            }
+            double top = -1e300, sum = 0.0;
+            for (double l : logit) top = std::max(top, l);
             for (double l : logit) sum += std::exp(l - top);
-            for (size_t c = 0; c < best.size(); ++c) best[c] = std::max(best[c], std::exp(logit[c] - top) / sum);
+            for (int c = 0; c < count; ++c) best[c] = std::max(best[c], std::exp(logit[c] - top) / sum);
           }
-          for (int page = first[s]; page < end[s]; ++page) {
-            const float g = got[static_cast<size_t>(item) * max_candidates + (page - first[s])];
-            const bool outlier = bf16_to_f32(entry(page)[head_dim]) != 0.0f;
-            const double ref = outlier ? INFINITY : best[page - first[s]];
-            const bool ok = outlier ? std::isinf(g) && g > 0 : std::abs(g - ref) <= 1e-3 * ref + 1e-9;
-            if (!ok && bad++ < 8)
-              ADD_FAILURE() << "hd " << head_dim << " group " << group << " item " << item << " page " << page << ": "
-                            << g << " vs " << ref;
-          }
-          for (int c = end[s] - first[s]; c < max_candidates; ++c) {
+          for (int c = 0; c < count; ++c) {
             const float g = got[static_cast<size_t>(item) * max_candidates + c];
-            if (!std::isnan(g) && bad++ < 8) ADD_FAILURE() << "item " << item << " wrote past its candidates at " << c;
+            const bool outlier = bf16_to_f32(entry(first[s] + c)[head_dim]) != 0.0f;
+            const double ref = outlier ? INFINITY : best[c];
+            const bool ok = outlier ? std::isinf(g) && g > 0 : std::abs(g - ref) <= 1e-3 * ref + 1e-9;
+            if (!ok) fail("score", item, -1, c, g, ref);
+          }
+          for (int c = count; c < max_candidates; ++c) {
+            const float g = got[static_cast<size_t>(item) * max_candidates + c];
+            if (!std::isnan(g)) fail("score past the candidates", item, -1, c, g, NAN);
           }
         }
     }

@@ -365,8 +365,10 @@ class CudaKvStore final : public DeviceAttention {
 
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
   // Seer's Index over layer `layer`'s slice, without its page lists.
-  cuda::SeerIndexParams seer_index_params(int64_t layer) const;
-  cuda::SeerTrainedIndexParams seer_trained_index_params(int64_t layer) const;
+  // Seer's Index of layer `layer` for the gate in use (k_gate set only for the trained gate), and
+  // its launch; the caller sets the list.
+  cuda::SeerTrainedIndexParams seer_index_params(int64_t layer) const;
+  void seer_index(const cuda::SeerTrainedIndexParams& p, cudaStream_t stream, const char* what) const;
   // Where RetroInfer's cluster records of layer `layer` are (without their directory).
   cuda::RetroInferRecords retroinfer_records(int64_t layer) const;
   // Copies pages src[i] to dst[i] (ids within each layer's slice) in layers [first, end), between
@@ -1144,29 +1146,24 @@ cuda::PagedDecodeParams CudaKvStore::decode_params(int64_t decode_rows, int64_t 
   return p;
 }
 
-cuda::SeerTrainedIndexParams CudaKvStore::seer_trained_index_params(int64_t layer) const {
+cuda::SeerTrainedIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
   cuda::SeerTrainedIndexParams p;
   p.kv_pool = pool_.get() + layer_offset(layer);
-  p.num_kv_heads = static_cast<int>(shape_.n_kv_heads);
   p.head_dim = static_cast<int>(shape_.head_dim);
   p.page_size = static_cast<int>(page_size_);
   p.block_pages = static_cast<int>(seer_block_pages_);
   p.inv_freq = inv_freq_.get();
   p.neox = neox_;
-  p.k_gate = seer_k_gate_.get() + layer * shape_.n_kv_heads * 3 * shape_.head_dim * shape_.head_dim;
   p.summaries = summaries_.get() + summary_layer_offset(layer);
+  if (seer_trained()) {
+    p.num_kv_heads = static_cast<int>(shape_.n_kv_heads);
+    p.k_gate = seer_k_gate_.get() + layer * shape_.n_kv_heads * 3 * shape_.head_dim * shape_.head_dim;
+  }
   return p;
 }
 
-cuda::SeerIndexParams CudaKvStore::seer_index_params(int64_t layer) const {
-  cuda::SeerIndexParams p;
-  p.kv_pool = pool_.get() + layer_offset(layer);
-  p.head_dim = static_cast<int>(shape_.head_dim);
-  p.page_size = static_cast<int>(page_size_);
-  p.inv_freq = inv_freq_.get();
-  p.neox = neox_;
-  p.summaries = summaries_.get() + summary_layer_offset(layer);
-  return p;
+void CudaKvStore::seer_index(const cuda::SeerTrainedIndexParams& p, cudaStream_t stream, const char* what) const {
+  cuda_check(seer_trained() ? cuda::seer_trained_index_pages(p, stream) : cuda::seer_index_pages(p, stream), what);
 }
 
 void CudaKvStore::upload_seer_gate(const sparse::SeerGate& gate, int64_t max_batch) {
@@ -1228,7 +1225,7 @@ void CudaKvStore::end_prefill(CudaSequenceKv& kv, int64_t pos, const sparse::Dec
     to_index.dst.push_back(summary_entry(sp.chunks[static_cast<size_t>(p / cuda::kSummaryChunkPages)], h, p));
     to_index.page.push_back(static_cast<int32_t>(p));
   };
-  if (sp.algorithm == HostTierAlgorithm::seer) {  // a run per block and KV head, for the trained Index
+  if (sp.algorithm == HostTierAlgorithm::seer) {  // a run per block and KV head (Seer's Index)
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t p = 0; p < indexed; ++p) {
         if (p % seer_block_pages_ == 0) to_index.runs.push_back(static_cast<int32_t>(to_index.src.size()));
@@ -2054,22 +2051,13 @@ DeviceStepLayout CudaKvStore::begin_step(std::span<const SequenceChunk> chunks, 
     cuda_check(cuda::quest_index_pages(p, stream), "Quest index of the prompt");
   }
   for (int64_t l = dense_layers_; l < shape_.n_layers && seer_transitions_n > 0; ++l) {
-    if (seer_trained()) {
-      cuda::SeerTrainedIndexParams p = seer_trained_index_params(l);
-      p.src_pages = d + at_seer_transition_src;
-      p.dst_entries = d + at_seer_transition_dst;
-      p.logical_pages = d + at_seer_transition_page;
-      p.run_offsets = d + at_seer_transition_runs;
-      p.num_runs = static_cast<int>(seer_runs_n);
-      cuda_check(cuda::seer_trained_index_pages(p, stream), "Seer trained index of the prompt");
-      continue;
-    }
-    cuda::SeerIndexParams p = seer_index_params(l);
+    cuda::SeerTrainedIndexParams p = seer_index_params(l);
     p.src_pages = d + at_seer_transition_src;
     p.dst_entries = d + at_seer_transition_dst;
     p.logical_pages = d + at_seer_transition_page;
-    p.num_pages = static_cast<int>(seer_transitions_n);
-    cuda_check(cuda::seer_index_pages(p, stream), "Seer index of the prompt");
+    p.run_offsets = d + at_seer_transition_runs;
+    p.num_runs = static_cast<int>(seer_runs_n);
+    seer_index(p, stream, "Seer index of the prompt");
   }
   if (!factorisations.empty()) {
     // The outlier selection writes its pages per item at item * outliers.
@@ -2181,13 +2169,13 @@ void CudaKvStore::forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out
       }
       if (step_.seer_decode) {
         cuda::SeerScoreParams score;
+        cuda::SeerTrainedIndexParams index = seer_index_params(layer);
+        index.src_pages = step_.seer_index_src;  // a run per (row, KV head): the page it completes, if any
+        index.dst_entries = step_.index_dst;
+        index.logical_pages = step_.index_page;
+        index.num_runs = decode_rows * heads;
+        seer_index(index, stream, "Seer index");
         if (seer_trained()) {
-          cuda::SeerTrainedIndexParams index = seer_trained_index_params(layer);
-          index.src_pages = step_.seer_index_src;
-          index.dst_entries = step_.index_dst;
-          index.logical_pages = step_.index_page;
-          index.num_runs = decode_rows * heads;
-          cuda_check(cuda::seer_trained_index_pages(index, stream), "Seer trained index");
           cuda::SeerGateQueryParams queries;
           queries.q = decode_q_.get();
           queries.q_gate = seer_q_gate_.get() + layer * q_width_ * head_dim;  // [KV head][group * head_dim][head_dim]
@@ -2198,13 +2186,6 @@ void CudaKvStore::forward(int64_t layer, const cuda::QkRopeParams& qk, bf16* out
           queries.out = seer_gate_queries_.get();
           cuda_check(cuda::seer_gate_queries(queries, stream), "Seer gate queries");
           score.gate_queries = seer_gate_queries_.get();
-        } else {
-          cuda::SeerIndexParams index = seer_index_params(layer);
-          index.src_pages = step_.seer_index_src;
-          index.dst_entries = step_.index_dst;
-          index.logical_pages = step_.index_page;
-          index.num_pages = decode_rows * heads;
-          cuda_check(cuda::seer_index_pages(index, stream), "Seer index");
         }
         score.q = decode_q_.get();
         score.summaries = summaries;

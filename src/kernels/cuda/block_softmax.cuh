@@ -2,32 +2,11 @@
 // Softmax over many candidates in two passes, for score kernels whose blocks each take a chunk of
 // the candidates (a thread per candidate) for the G query heads of one KV head: pass 1 writes each
 // block's (max, sum of exp) per head, pass 2 merges an item's blocks into the normalisers. Used by
-// ShadowKV's chunk scores and RetroInfer's cluster scores.
-#include <cuda_bf16.h>
-
+// RetroInfer's cluster scores; ShadowKV's chunk scores write the same partials from tensor-core
+// tiles and merge them with pass 2's function.
 #include <cstdint>
 
 namespace spin::cuda {
-
-// The dot products of a bf16 row of D values (16-byte aligned, read-only during the kernel) with
-// each of the G query rows (fp32 sums in dimension order).
-template <int D, int G>
-__device__ __forceinline__ void dot_rows(const __nv_bfloat16* row, const float (&q)[G][D], float (&dot)[G]) {
-  const uint4* vectors = reinterpret_cast<const uint4*>(row);
-#pragma unroll
-  for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-#pragma unroll
-  for (int v = 0; v < D / 8; ++v) {
-    const uint4 raw = __ldg(vectors + v);
-    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float value = __bfloat162float(x[e]);
-#pragma unroll
-      for (int g = 0; g < G; ++g) dot[g] = fmaf(q[g][v * 8 + e], value, dot[g]);
-    }
-  }
-}
 
 // Pass 1, called by every thread of the block: x[g] is the thread's value for head g (-inf for
 // none); thread g < G writes the block's max and sum of exp(x - max) of head g to partial[2 g] and

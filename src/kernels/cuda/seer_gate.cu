@@ -6,16 +6,21 @@
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/per_device.h"
 
-// Index: one warp per page; lane l owns RoPE pairs l and l + 32 (head_dim 128) or l (64), and sums
+// Index: one warp per run; lane l owns RoPE pairs l and l + 32 (head_dim 128) or l (64), and sums
 // each token's pair turned back by the token's position. The cos and sin come from the angle in
-// double, as in the model's RoPE kernel, so positions of 100K+ lose nothing to the angle.
+// double, as in the model's RoPE kernel, so positions of 100K+ lose nothing to the angle. A lane
+// holds whole pairs, so turning the complete block's mean to its centre needs no other lane.
 //
-// Score: one warp per (item, block); lane l owns head_dim / 32 consecutive dimensions of the block
-// key, read from each page's entry as one vector load. With neox pairs (i, i + head_dim / 2) the
-// two halves of a pair sit 16 lanes apart, one shuffle away; adjacent pairs sit in one lane. Each
-// query head's dot product is a warp all-reduce. The block's score is then written to its
-// candidate pages (at most block_pages of them).
+// Score: one warp per (item, tile of 1 or kTileBlocks blocks), a tile's key loads in flight
+// together; lane l owns head_dim / 32 consecutive dimensions of a block key, one vector load.
+// Keeping complete blocks' keys ready in the Index makes a block one 512-byte read (head_dim 128)
+// and no sin or cos, where summing its pages' entries and turning them here read block_pages times
+// that. Only the block the candidates' end cuts is turned here: with neox pairs (i, i + head_dim /
+// 2) the two halves of a pair sit 16 lanes apart, one shuffle away; adjacent pairs sit in one
+// lane. Each query head's dot product is a warp all-reduce. The block's score is then written to
+// its candidate pages (at most block_pages of them).
 //
 // Trained Index: one warp per run, the lanes' pairs as in Index; the finished block's pooled
 // vector goes through the warp's shared memory, and lane l computes head_dim / 32 consecutive
@@ -27,7 +32,8 @@ namespace spin::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;  // warps per block, both kernels
+constexpr int kWarps = 8;       // warps per block of Index and Score
+constexpr int kTileBlocks = 4;  // Seer blocks a warp of Score takes at once
 constexpr unsigned kFull = 0xffffffffu;
 
 // The RoPE pairs lane `lane` owns: pair lane + 32 j (j < kPairs) is dimensions dim[j] and
@@ -68,26 +74,54 @@ struct LanePairs {
   }
 };
 
+// The list entries [begin, end) that run r of an Index folds; false when it folds nothing (past
+// the runs, an empty run, or a decode row that completes no page).
+__device__ bool run_bounds(const SeerIndexParams& p, int64_t r, int& begin, int& end) {
+  if (r >= p.num_runs) return false;
+  begin = p.run_offsets ? p.run_offsets[r] : static_cast<int>(r);
+  end = p.run_offsets ? p.run_offsets[r + 1] : static_cast<int>(r) + 1;
+  return begin < end && p.src_pages[begin] >= 0;
+}
+
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) seer_index_kernel(SeerIndexParams p) {
   enter_dependent_grid();
   const int lane = threadIdx.x % 32;
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (i >= p.num_pages) return;  // whole warp
-  const int32_t src = p.src_pages[i];
-  const int32_t dst = p.dst_entries[i];
-  if (src < 0 || dst < 0) return;  // whole warp
+  int begin, end;
+  if (!run_bounds(p, static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32, begin, end)) return;  // whole warp
+  const int bp = p.block_pages;
   const LanePairs<D> pairs(lane, p.inv_freq, p.neox);
-  constexpr int kDims = 2 * LanePairs<D>::kPairs;
+  constexpr int kPairs = LanePairs<D>::kPairs, kDims = 2 * kPairs;
+  const int* dim = pairs.dim;
+  auto* entries = reinterpret_cast<float*>(p.summaries);  // entry e: D floats at e * D
+  const bool fresh = p.logical_pages[begin] % bp == 0;
   float sum[kDims];
 #pragma unroll
-  for (int k = 0; k < kDims; ++k) sum[k] = 0.0f;
-  pairs.turn_back_page(p.kv_pool + static_cast<int64_t>(src) * 2 * p.page_size * D,
-                       static_cast<int64_t>(p.logical_pages[i]) * p.page_size, p.page_size,
-                       [&](int k, float x) { sum[k] += x; });
-  float* out = reinterpret_cast<float*>(p.summaries + static_cast<int64_t>(dst) * 2 * D);
+  for (int k = 0; k < kDims; ++k) sum[k] = fresh ? 0.0f : entries[(p.dst_entries[begin] - 1) * int64_t{D} + dim[k]];
+  for (int i = begin; i < end; ++i) {
+    const int32_t page = p.logical_pages[i];
+    pairs.turn_back_page(p.kv_pool + static_cast<int64_t>(p.src_pages[i]) * 2 * p.page_size * D,
+                         static_cast<int64_t>(page) * p.page_size, p.page_size, [&](int k, float x) { sum[k] += x; });
+    float* out = entries + static_cast<int64_t>(p.dst_entries[i]) * D;
+    if (page % bp != bp - 1) {  // the block so far
 #pragma unroll
-  for (int k = 0; k < kDims; ++k) out[pairs.dim[k]] = sum[k];
+      for (int k = 0; k < kDims; ++k) out[dim[k]] = sum[k];
+      continue;
+    }
+    // The block is complete: its mean, turned to the block's centre (a lane holds whole pairs).
+    const int64_t block_tokens = int64_t{bp} * p.page_size;
+    const double centre = static_cast<double>((page - (bp - 1)) * int64_t{p.page_size} + block_tokens / 2);
+    const auto count = static_cast<float>(block_tokens);
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      double s, c;
+      sincos(centre * pairs.freq[j], &s, &c);
+      const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
+      const float a = sum[j] / count, b = sum[kPairs + j] / count;
+      out[dim[j]] = a * cf - b * sf;
+      out[dim[kPairs + j]] = a * sf + b * cf;
+    }
+  }
 }
 
 template <int V>
@@ -158,7 +192,7 @@ __device__ void load_bf16(const __nv_bfloat16* src, float (&dst)[V]) {
   }
 }
 
-template <int D, int G, bool kTrained>
+template <int D, int G, bool kTrained, int kTile>
 __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams p) {
   enter_dependent_grid();
   constexpr int V = D / 32;  // dimensions per lane
@@ -186,63 +220,86 @@ __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams
       for (int e = 0; e < V; ++e) q[g][e] = __bfloat162float(qh[g * D + e]);
   }
   float* out = p.scores + static_cast<int64_t>(item) * p.max_candidates - first;
-  for (int blk = first / bp + static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
-       blk < end_block; blk += static_cast<int>(gridDim.x) * kWarps) {  // uniform per warp
-    const int p0 = blk * bp, p1 = min(end, p0 + bp);
-    float score = INFINITY;
-    if (blk == current_block) {
-      // The block being decoded: always taken.
-    } else if constexpr (kTrained) {
-      float key[V];
+  const int first_block = first / bp;
+  for (int b0 = first_block + (static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32) * kTile;
+       b0 < end_block; b0 += static_cast<int>(gridDim.x) * kWarps * kTile) {  // uniform per warp
+    // The tile's keys first, all loads in flight at once. The trained key sits in the block's first
+    // entry; the training-free one in its last, or, for a block the candidates' end cuts, the sum
+    // so far in the entry of page p1 - 1.
+    float key[kTile][V];
 #pragma unroll
-      for (int e = 0; e < V; ++e) key[e] = 0.0f;
-      FloatVec<V>::add(summaries + summary_entry(dir[p0 / kSummaryChunkPages], p.num_kv_heads, h, p0) * D + lane * V,
-                       key);
-      float dot = 0.0f;
+    for (int j = 0; j < kTile; ++j) {
+      const int blk = b0 + j, p0 = blk * bp, p1 = min(end, p0 + bp);
+      const int key_page = kTrained ? p0 : p1 - 1;
 #pragma unroll
-      for (int e = 0; e < V; ++e) dot = fmaf(q[0][e], key[e], dot);
-#pragma unroll
-      for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFull, dot, offset);
-      score = dot;
-    } else {
-      float key[V];
-#pragma unroll
-      for (int e = 0; e < V; ++e) key[e] = 0.0f;
-      for (int pg = p0; pg < p1; ++pg) {
-        const int64_t entry = summary_entry(dir[pg / kSummaryChunkPages], p.num_kv_heads, h, pg);
-        FloatVec<V>::add(summaries + entry * D + lane * V, key);
-      }
-      const auto count = static_cast<float>((p1 - p0) * p.page_size);
-#pragma unroll
-      for (int e = 0; e < V; ++e) key[e] /= count;
-      const double centre = static_cast<double>(static_cast<int64_t>(blk) * block_tokens + block_tokens / 2);
-      float rot[V];
-      rotate_lane_dims<V>(key, centre, p.inv_freq, p.neox, lane, rot);
-      score = -INFINITY;
-#pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < V; ++e) dot = fmaf(q[g][e], rot[e], dot);
-#pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFull, dot, offset);
-        score = fmaxf(score, dot);
-      }
+      for (int e = 0; e < V; ++e) key[j][e] = 0.0f;
+      if (blk < end_block && blk != current_block)
+        FloatVec<V>::add(summaries + summary_entry(dir[key_page / kSummaryChunkPages], p.num_kv_heads, h, key_page) * D +
+                             lane * V,
+                         key[j]);
     }
-    for (int pg = max(first, p0) + lane; pg < p1; pg += 32) out[pg] = score;
+#pragma unroll
+    for (int j = 0; j < kTile; ++j) {
+      const int blk = b0 + j, p0 = blk * bp, p1 = min(end, p0 + bp);
+      if (blk >= end_block) break;
+      float score = INFINITY;  // the block being decoded: always taken
+      if (blk != current_block) {
+        if (!kTrained && p1 - p0 < bp) {
+          const auto count = static_cast<float>((p1 - p0) * p.page_size);
+#pragma unroll
+          for (int e = 0; e < V; ++e) key[j][e] /= count;
+          const double centre = static_cast<double>(static_cast<int64_t>(blk) * block_tokens + block_tokens / 2);
+          float rot[V];
+          rotate_lane_dims<V>(key[j], centre, p.inv_freq, p.neox, lane, rot);
+#pragma unroll
+          for (int e = 0; e < V; ++e) key[j][e] = rot[e];
+        }
+        score = -INFINITY;
+#pragma unroll
+        for (int g = 0; g < (kTrained ? 1 : G); ++g) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < V; ++e) dot = fmaf(q[g][e], key[j][e], dot);
+#pragma unroll
+          for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(kFull, dot, offset);
+          score = fmaxf(score, dot);
+        }
+      }
+      for (int pg = max(first, p0) + lane; pg < p1; pg += 32) out[pg] = score;
+    }
   }
 }
 
-template <int D>
-cudaError_t launch_score(const SeerScoreParams& p, dim3 grid, cudaStream_t stream) {
+template <int D, int kTile>
+cudaError_t launch_score(const SeerScoreParams& p, unsigned items, cudaStream_t stream) {
   constexpr int kThreads = kWarps * 32;
+  // Blocks that can meet max_candidates pages: one more at each end when unaligned.
+  const int64_t tiles = (p.max_candidates / p.block_pages + 2 + kTile - 1) / kTile;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((tiles + kWarps - 1) / kWarps, 1024)), items);
   if (p.gate_queries != nullptr) {
-    launch(seer_score_kernel<D, 1, true>, grid, kThreads, 0, stream, p);
+    launch(seer_score_kernel<D, 1, true, kTile>, grid, kThreads, 0, stream, p);
   } else {
-    with_group(p.group,
-               [&](auto g) { launch(seer_score_kernel<D, decltype(g)::value, false>, grid, kThreads, 0, stream, p); });
+    with_group(p.group, [&](auto g) {
+      launch(seer_score_kernel<D, decltype(g)::value, false, kTile>, grid, kThreads, 0, stream, p);
+    });
   }
   return cudaGetLastError();
+}
+
+// Unless the caller pins it, a warp takes kTileBlocks blocks once there are enough to give every
+// warp the GPU holds at least one anyway, so their loads overlap; with fewer, one block a warp
+// spreads them over more warps (session 33 call 2, an H200: Seer's index and scores took 0.39 ms a
+// step with one block a warp against 0.57 with four at batch 1, 1.12 against 0.98 at batch 8).
+template <int D>
+cudaError_t launch_score(const SeerScoreParams& p, int64_t items, cudaStream_t stream) {
+  constexpr int kWarpsPerSm = 64;
+  const int64_t blocks = items * (p.max_candidates / p.block_pages + 2);
+  const int tile = p.tile_blocks != 0 ? p.tile_blocks
+                   : blocks >= int64_t{kWarpsPerSm} * multiprocessor_count() ? kTileBlocks
+                                                                              : 1;
+  const auto grid_items = static_cast<unsigned>(items);
+  return tile == kTileBlocks ? launch_score<D, kTileBlocks>(p, grid_items, stream)
+                             : launch_score<D, 1>(p, grid_items, stream);
 }
 
 template <int D>
@@ -252,11 +309,8 @@ __global__ void __launch_bounds__(kWarps * 32) seer_trained_index_kernel(SeerTra
   constexpr int kDims = 2 * LanePairs<D>::kPairs;
   __shared__ float pooled_of[kWarps][3 * D];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (r >= p.num_runs) return;  // whole warp
-  const int begin = p.run_offsets ? p.run_offsets[r] : static_cast<int>(r);
-  const int end = p.run_offsets ? p.run_offsets[r + 1] : static_cast<int>(r) + 1;
-  if (begin >= end || p.src_pages[begin] < 0) return;  // whole warp
+  int begin, end;
+  if (!run_bounds(p, static_cast<int64_t>(blockIdx.x) * kWarps + warp, begin, end)) return;  // whole warp
   const int bp = p.block_pages;
   const int32_t first_page = p.logical_pages[begin];
   const int64_t block_entry = p.dst_entries[begin] - first_page % bp;  // the entry of the block's first page
@@ -345,17 +399,20 @@ __global__ void __launch_bounds__(kQueryThreads) seer_gate_query_kernel(SeerGate
 
 bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
+// What both Indexes need of their parameters.
+bool valid_index(const SeerIndexParams& p) {
+  return p.num_runs >= 0 && (p.head_dim == 64 || p.head_dim == 128) && p.page_size >= 8 && p.page_size <= 64 &&
+         p.page_size % 8 == 0 && p.block_pages >= 1 && kSummaryChunkPages % p.block_pages == 0 &&
+         (p.num_runs == 0 || (p.kv_pool && p.src_pages && p.dst_entries && p.logical_pages && p.inv_freq &&
+                              p.summaries && aligned16(p.summaries)));
+}
+
 }  // namespace
 
 cudaError_t seer_index_pages(const SeerIndexParams& p, cudaStream_t stream) {
-  if (p.num_pages < 0 || (p.head_dim != 64 && p.head_dim != 128) || p.page_size < 8 || p.page_size > 64 ||
-      p.page_size % 8 != 0)
-    return cudaErrorInvalidValue;
-  if (p.num_pages == 0) return cudaSuccess;
-  if (!p.kv_pool || !p.src_pages || !p.dst_entries || !p.logical_pages || !p.inv_freq || !p.summaries ||
-      !aligned16(p.summaries))
-    return cudaErrorInvalidValue;
-  const unsigned blocks = static_cast<unsigned>((p.num_pages + kWarps - 1) / kWarps);
+  if (!valid_index(p)) return cudaErrorInvalidValue;
+  if (p.num_runs == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>((p.num_runs + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
     launch(seer_index_kernel<64>, blocks, kWarps * 32, 0, stream, p);
   else
@@ -364,13 +421,9 @@ cudaError_t seer_index_pages(const SeerIndexParams& p, cudaStream_t stream) {
 }
 
 cudaError_t seer_trained_index_pages(const SeerTrainedIndexParams& p, cudaStream_t stream) {
-  if (p.num_runs < 0 || (p.head_dim != 64 && p.head_dim != 128) || p.page_size < 8 || p.page_size > 64 ||
-      p.page_size % 8 != 0 || p.block_pages < 3 || kSummaryChunkPages % p.block_pages != 0 || p.num_kv_heads < 1)
-    return cudaErrorInvalidValue;
+  if (!valid_index(p) || p.block_pages < 3 || p.num_kv_heads < 1) return cudaErrorInvalidValue;
   if (p.num_runs == 0) return cudaSuccess;
-  if (!p.kv_pool || !p.src_pages || !p.dst_entries || !p.logical_pages || !p.inv_freq || !p.k_gate || !p.summaries ||
-      !aligned16(p.summaries) || !aligned16(p.k_gate))
-    return cudaErrorInvalidValue;
+  if (!p.k_gate || !aligned16(p.k_gate)) return cudaErrorInvalidValue;
   const unsigned blocks = static_cast<unsigned>((p.num_runs + kWarps - 1) / kWarps);
   if (p.head_dim == 64)
     launch(seer_trained_index_kernel<64>, blocks, kWarps * 32, 0, stream, p);
@@ -393,7 +446,9 @@ cudaError_t seer_gate_queries(const SeerGateQueryParams& p, cudaStream_t stream)
 
 cudaError_t seer_score_pages(const SeerScoreParams& p, cudaStream_t stream) {
   if (p.num_seqs < 0 || p.num_kv_heads < 0 || p.group < 1 || p.group > 8 ||
-      (p.head_dim != 64 && p.head_dim != 128) || p.page_size < 1 || p.block_pages < 1 || p.max_candidates < 0)
+      (p.head_dim != 64 && p.head_dim != 128) || p.page_size < 1 || p.block_pages < 1 ||
+      kSummaryChunkPages % p.block_pages != 0 || p.max_candidates < 0 ||
+      (p.tile_blocks != 0 && p.tile_blocks != 1 && p.tile_blocks != kTileBlocks))
     return cudaErrorInvalidValue;
   const int64_t items = static_cast<int64_t>(p.num_seqs) * p.num_kv_heads;
   if (items > 65535 || int64_t{p.block_pages} * p.page_size > INT_MAX / 4) return cudaErrorInvalidValue;
@@ -403,11 +458,7 @@ cudaError_t seer_score_pages(const SeerScoreParams& p, cudaStream_t stream) {
       !p.scores || !aligned16(p.summaries) || (!trained && (!p.q || !p.inv_freq)) ||
       (trained && !aligned16(p.gate_queries)))
     return cudaErrorInvalidValue;
-  // Blocks that can meet max_candidates pages: one more at each end when unaligned.
-  const int64_t blocks = p.max_candidates / p.block_pages + 2;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((blocks + kWarps - 1) / kWarps, 1024)),
-                  static_cast<unsigned>(items));
-  return p.head_dim == 64 ? launch_score<64>(p, grid, stream) : launch_score<128>(p, grid, stream);
+  return p.head_dim == 64 ? launch_score<64>(p, items, stream) : launch_score<128>(p, items, stream);
 }
 
 }  // namespace spin::cuda

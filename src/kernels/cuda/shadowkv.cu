@@ -9,16 +9,19 @@
 #include "kernels/cuda/group_dispatch.cuh"
 #include "kernels/cuda/sparse_select.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 // Index: one warp per page; lane l owns head_dim / 32 consecutive dimensions. The mean is summed
 // in fp32, then each token's cosine to it is three warp all-reduces.
 //
-// Score: blocks of (kThreads candidates, item), one thread per candidate page, so even one
-// sequence fills the GPU. The group's queries sit in shared memory (every lane reads the same
-// element at once: a broadcast); each thread reads its landmark row as 16-byte vectors. Pass 1
-// writes each head's logit to scratch and the block's (max, sum of exp) per head; pass 2 merges
-// the item's blocks into the softmax normalisers and writes the largest probability over the
-// group.
+// Score: blocks of (kThreads candidates, item), so even one sequence fills the GPU. Pass 1 takes
+// q . landmark on the tensor cores as Quest's score does (sparse_select.cu): 16 candidates'
+// landmark rows against the group's queries per mma, each thread loading 16 contiguous bytes of a
+// row per 32 columns as its A fragment and the query in the same column order. bf16 products are
+// exact in the fp32 sums, so only the summation order differs from one thread per candidate doing
+// D * G FMAs, which was instruction-bound at batch 8. It writes each head's logit to scratch and the
+// block's (max, sum of exp) per head; pass 2, a thread per candidate, merges the item's blocks into
+// the softmax normalisers and writes the largest probability over the group.
 //
 // Rebuild: blocks of (item, kRebuildPages pages); each holds its KV head's basis rows in shared
 // memory and 64 rows of A at a time (bf16, the rank padded with zeros to whole k-steps), multiplies
@@ -115,33 +118,107 @@ __global__ void shadowkv_outlier_kernel(ShadowKvOutlierParams p) {
 // ---------------------------------------------------------------------------------------------
 // Score
 
+// Within the 128 registers this allows, ptxas schedules all of a warp's row loads before its first
+// mma; left free, it interleaved them and the warp waited on memory once per slice.
+constexpr int kLogitsBlocksPerSm = 2;
+
 // Pass 1, block (chunk, item): the logits of candidates [first + chunk * kThreads, ...) and the
-// chunk's (max, sum of exp) per head.
+// chunk's (max, sum of exp) per head. Warp w takes the chunk's candidates 32 w .. 32 w + 31 as
+// two MMA tiles of 16.
 template <int D, int G>
-__global__ void __launch_bounds__(kThreads) shadowkv_logits_kernel(ShadowKvScoreParams p) {
+__global__ void __launch_bounds__(kThreads, kLogitsBlocksPerSm) shadowkv_logits_kernel(ShadowKvScoreParams p) {
   enter_dependent_grid();
-  __shared__ float q[G][D];
+  constexpr int kSlices = D / 32;  // 32-column slices of the landmark
+  __shared__ float warp_max[kWarps][G], warp_total[kWarps][G];
   const int item = blockIdx.y;
   const int seq = item / p.num_kv_heads, h = item % p.num_kv_heads;
-  const int first = p.first_candidate[seq] + static_cast<int>(blockIdx.x) * kThreads;
+  const int first = p.first_candidate[seq];
   const int end = p.end_candidate[seq];
-  if (end <= first) return;  // whole block
-  const __nv_bfloat16* qh = p.q + static_cast<int64_t>(item) * G * D;
-  for (int k = threadIdx.x; k < G * D; k += kThreads) q[k / D][k % D] = __bfloat162float(qh[k]) * p.scale;
-  __syncthreads();
-  const int page = first + static_cast<int>(threadIdx.x);
-  float dot[G];
+  const int chunk_first = first + static_cast<int>(blockIdx.x) * kThreads;
+  if (end <= chunk_first) return;  // whole block
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 4;   // MMA group: rows r and r + 8 of a tile, query head r
+  const int t4 = lane % 4;  // columns t4 * 8 .. + 8 of each slice; heads 2 t4 and 2 t4 + 1 of the sums
+  const int page0 = chunk_first + warp * 32;
+  // x[t][i]: the logit of tile t's row r + 8 (i / 2) for head 2 t4 + i % 2, -inf where none.
+  float x[2][4];
 #pragma unroll
-  for (int g = 0; g < G; ++g) dot[g] = -INFINITY;
-  if (page < end) {
+  for (int t = 0; t < 2; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[t][i] = -INFINITY;
+  if (page0 < end) {  // whole warp
+    // B operand: head r's query in the column order of the rows below (zero past the group).
+    uint4 qf[kSlices];
+    const __nv_bfloat16* q = p.q + (static_cast<int64_t>(item) * G + r) * D + t4 * 8;
+#pragma unroll
+    for (int c = 0; c < kSlices; ++c)
+      qf[c] = r < G ? __ldg(reinterpret_cast<const uint4*>(q + c * 32)) : make_uint4(0, 0, 0, 0);
+    // A operand: 16 bytes of each slice of the thread's four rows. A chunk starts at any page, so
+    // a tile may straddle summary chunks: each row finds its own entry. Rows past the end read
+    // the last candidate's (whose chunk exists) and are masked below.
     const int32_t* dir = p.summary_dir + p.dir_offsets[seq];
-    dot_rows<D, G>(p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D, q, dot);
-    float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page - p.first_candidate[seq]);
+    uint4 a[2][2][kSlices];
 #pragma unroll
-    for (int g = 0; g < G; ++g) logits[static_cast<int64_t>(g) * p.max_candidates] = dot[g];
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int page = min(page0 + 16 * t + 8 * half + r, end - 1);
+        const uint4* row =
+            reinterpret_cast<const uint4*>(p.summaries + entry_of(dir, p.num_kv_heads, h, page) * 2 * D) + t4;
+#pragma unroll
+        for (int c = 0; c < kSlices; ++c) a[t][half][c] = __ldcs(row + c * 4);
+      }
+    float* logits = p.logits + static_cast<int64_t>(item) * G * p.max_candidates + (page0 - first);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int c = 0; c < kSlices; ++c)
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const uint32_t frag[4] = {component(a[t][0][c], 2 * k), component(a[t][1][c], 2 * k),
+                                    component(a[t][0][c], 2 * k + 1), component(a[t][1][c], 2 * k + 1)};
+          mma_bf16(s, frag, component(qf[c], 2 * k), component(qf[c], 2 * k + 1));
+        }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = 16 * t + 8 * (i / 2) + r, g = 2 * t4 + i % 2;
+        if (g < G && page0 + row < end) {
+          x[t][i] = s[i] * p.scale;
+          logits[static_cast<int64_t>(g) * p.max_candidates + row] = x[t][i];
+        }
+      }
+    }
   }
-  block_softmax_partials<G, kWarps>(dot, p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
-                                              (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
+  // The warp's (max, sum of exp) of heads 2 t4 and 2 t4 + 1 over the lanes of the same t4, then
+  // the block's over the warps.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float m = fmaxf(fmaxf(x[0][i], x[0][i + 2]), fmaxf(x[1][i], x[1][i + 2]));
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, offset));
+    float e = m == -INFINITY ? 0.0f
+                             : __expf(x[0][i] - m) + __expf(x[0][i + 2] - m) + __expf(x[1][i] - m) +
+                                   __expf(x[1][i + 2] - m);
+#pragma unroll
+    for (int offset = 4; offset < 32; offset <<= 1) e += __shfl_xor_sync(kFull, e, offset);
+    const int g = 2 * t4 + i;
+    if (r == 0 && g < G) warp_max[warp][g] = m, warp_total[warp][g] = e;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = static_cast<int>(threadIdx.x);
+    float m = -INFINITY, sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][g]);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_max[w][g] != -INFINITY) sum += warp_total[w][g] * __expf(warp_max[w][g] - m);
+    float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
+                     (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2;
+    partial[2 * g] = m;
+    partial[2 * g + 1] = sum;
+  }
 }
 
 // Pass 2, block (chunk, item): the softmax normalisers from every chunk's partials, then each
@@ -387,7 +464,7 @@ cudaError_t shadowkv_score_pages(const ShadowKvScoreParams& p, cudaStream_t stre
     return cudaErrorInvalidValue;
   if (items == 0 || p.max_candidates == 0) return cudaSuccess;
   if (!p.q || !p.summaries || !p.summary_dir || !p.dir_offsets || !p.first_candidate || !p.end_candidate ||
-      !p.logits || !p.scores || !aligned16(p.summaries))
+      !p.logits || !p.scores || !aligned16(p.q) || !aligned16(p.summaries))
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.max_candidates + kThreads - 1) / kThreads), static_cast<unsigned>(items));
   return p.head_dim == 64 ? launch_score<64>(p, grid, stream) : launch_score<128>(p, grid, stream);
