@@ -200,6 +200,10 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
     }
     size_t entries() const { return size_t(chunks) * kKvHeads * kSummaryChunkPages; }
     int64_t position(int s, int pg, int t) const { return (int64_t{first_page[s]} + pg) * page_size + t; }
+    std::string name(const RopeTable& rope) const {
+      return "neox " + std::to_string(rope.neox) + " head_dim " + std::to_string(head_dim) + " page_size " +
+             std::to_string(page_size) + " block_pages " + std::to_string(block_pages);
+    }
     // Key row t of page pg, turned back to position 0 in double; adds each pair's |k_a| + |k_b| to
     // *magnitude (both of its dimensions) when given.
     std::vector<double> turned_back(int s, int h, int pg, int t, const RopeTable& rope,
@@ -249,10 +253,22 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
       for (int32_t& c : d) c = order[c];
     return l;
   }
-  // Folds the layout's pages with `index` (which launches an Index on p): the prompts, then the
-  // decode steps (rows that complete no page pass -1).
+  // Folds the layout's pages with `index` (which launches an Index on p; fold sets p's pool,
+  // shape, RoPE, summaries and lists): the prompts, then the decode steps (rows that complete no
+  // page pass -1), and downloads the summaries' bf16 words to *summaries.
   template <typename Index>
-  void fold(const FoldLayout& l, cuda::SeerIndexParams& p, Index index) {
+  void fold(const FoldLayout& l, const RopeTable& rope, cuda::SeerIndexParams& p, Index index,
+            std::vector<uint16_t>* summaries) {
+    DeviceArray<uint16_t> d_pool(l.pool), d_summaries(l.entries() * 2 * l.head_dim);
+    DeviceArray<float> d_freq(rope.inv_freq);
+    for (cudaError_t st : {d_pool.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
+    p.kv_pool = as_bf16(d_pool.get());
+    p.head_dim = l.head_dim;
+    p.page_size = l.page_size;
+    p.block_pages = l.block_pages;
+    p.inv_freq = d_freq.get();
+    p.neox = rope.neox;
+    p.summaries = as_bf16(d_summaries.get());
     const auto run = [&](const std::vector<int32_t>& src, const std::vector<int32_t>& dst,
                          const std::vector<int32_t>& logical, const std::vector<int32_t>* runs) {
       DeviceArray<int32_t> d_src(src), d_dst(dst), d_logical(logical), d_runs(runs ? *runs : src);
@@ -289,6 +305,12 @@ class GpuSeerGate : public SeededGpuTest<std::mt19937> {
         }
       run(src, dst, logical, nullptr);
     }
+    *summaries = d_summaries.download();
+  }
+  // Dimension d of entry e of summaries whose entries hold head_dim fp32 values, as fold returns them.
+  static float entry_value(const std::vector<uint16_t>& bits, int head_dim, int64_t e, int d) {
+    const size_t at = (size_t(e) * head_dim + d) * 2;
+    return bits_to_f32(uint32_t{bits[at]} | uint32_t{bits[at + 1]} << 16);
   }
 
   // Candidate ranges of four sequences for the score tests: one from page 0, an empty one, one
@@ -350,29 +372,14 @@ TEST_F(GpuSeerGate, IndexKeepsBlockSumsThenTheReadyBlockKey) {
         for (int block_pages : {1, 2, 4, 8}) {
           const RopeTable rope = test_rope(head_dim, neox);
           const FoldLayout l = fold_layout(head_dim, page_size, block_pages);
-          DeviceArray<uint16_t> d_pool(l.pool), d_summaries(l.entries() * 2 * head_dim);
-          DeviceArray<float> d_freq(rope.inv_freq);
-          for (cudaError_t st : {d_pool.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
           cuda::SeerIndexParams p;
-          p.kv_pool = as_bf16(d_pool.get());
-          p.head_dim = head_dim;
-          p.page_size = page_size;
-          p.block_pages = block_pages;
-          p.inv_freq = d_freq.get();
-          p.neox = neox;
-          p.summaries = as_bf16(d_summaries.get());
-          fold(l, p, [&] { return cuda::seer_index_pages(p, nullptr); });
-          const std::vector<uint16_t> got_bits = d_summaries.download();
-          const auto got = [&](int32_t e, int d) {
-            return bits_to_f32(uint32_t{got_bits[(size_t(e) * head_dim + d) * 2]} |
-                               uint32_t{got_bits[(size_t(e) * head_dim + d) * 2 + 1]} << 16);
-          };
+          std::vector<uint16_t> got_bits;
+          fold(l, rope, p, [&] { return cuda::seer_index_pages(p, nullptr); }, &got_bits);
+          const auto got = [&](int32_t e, int d) { return entry_value(got_bits, head_dim, e, d); };
 
           int bad = 0;
           const auto report = [&](const std::string& what) {
-            if (bad++ < kMaxReported)
-              ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size
-                            << " block_pages " << block_pages << ": " << what;
+            if (bad++ < kMaxReported) ADD_FAILURE() << l.name(rope) << ": " << what;
           };
           std::vector<bool> written(l.entries(), false);
           for (int s = 0; s < FoldLayout::kSeqs; ++s)
@@ -542,31 +549,18 @@ TEST_F(GpuSeerGate, TrainedIndexFoldsBlocksIntoCompressedKeys) {
           const FoldLayout l = fold_layout(head_dim, page_size, block_pages);
           const int nkv = FoldLayout::kKvHeads;
           const auto gate = random_gate(1, nkv, 1, head_dim);
-          DeviceArray<uint16_t> d_pool(l.pool), d_k_gate(to_bf16(gate->k)), d_summaries(l.entries() * 2 * head_dim);
-          DeviceArray<float> d_freq(rope.inv_freq);
-          for (cudaError_t st : {d_pool.status(), d_k_gate.status(), d_summaries.status(), d_freq.status()}) CUDA_OK(st);
+          DeviceArray<uint16_t> d_k_gate(to_bf16(gate->k));
+          CUDA_OK(d_k_gate.status());
           cuda::SeerTrainedIndexParams p;
-          p.kv_pool = as_bf16(d_pool.get());
           p.num_kv_heads = nkv;
-          p.head_dim = head_dim;
-          p.page_size = page_size;
-          p.block_pages = block_pages;
-          p.inv_freq = d_freq.get();
-          p.neox = neox;
           p.k_gate = as_bf16(d_k_gate.get());
-          p.summaries = as_bf16(d_summaries.get());
-          fold(l, p, [&] { return cuda::seer_trained_index_pages(p, nullptr); });
-          const std::vector<uint16_t> got_bits = d_summaries.download();
-          const auto got = [&](int32_t e, int d) {
-            return bits_to_f32(uint32_t{got_bits[(size_t(e) * head_dim + d) * 2]} |
-                               uint32_t{got_bits[(size_t(e) * head_dim + d) * 2 + 1]} << 16);
-          };
+          std::vector<uint16_t> got_bits;
+          fold(l, rope, p, [&] { return cuda::seer_trained_index_pages(p, nullptr); }, &got_bits);
+          const auto got = [&](int32_t e, int d) { return entry_value(got_bits, head_dim, e, d); };
 
           int bad = 0;
           const auto report = [&](const std::string& what) {
-            if (bad++ < kMaxReported)
-              ADD_FAILURE() << "neox " << neox << " head_dim " << head_dim << " page_size " << page_size
-                            << " block_pages " << block_pages << ": " << what;
+            if (bad++ < kMaxReported) ADD_FAILURE() << l.name(rope) << ": " << what;
           };
           for (int s = 0; s < FoldLayout::kSeqs; ++s)
             for (int h = 0; h < nkv; ++h)
