@@ -364,9 +364,8 @@ class CudaKvStore final : public DeviceAttention {
   };
 
   cuda::PagedDecodeParams decode_params(int64_t decode_rows, int64_t bucket) const;
-  // Seer's Index over layer `layer`'s slice, without its page lists.
-  // Seer's Index of layer `layer` for the gate in use (k_gate set only for the trained gate), and
-  // its launch; the caller sets the list.
+  // Seer's Index over layer `layer`'s slice for the gate in use (k_gate set only for the trained
+  // gate), without its page lists, and its launch.
   cuda::SeerTrainedIndexParams seer_index_params(int64_t layer) const;
   void seer_index(const cuda::SeerTrainedIndexParams& p, cudaStream_t stream, const char* what) const;
   // Where RetroInfer's cluster records of layer `layer` are (without their directory).

@@ -2,15 +2,32 @@
 // Softmax over many candidates in two passes, for score kernels whose blocks each take a chunk of
 // the candidates (a thread per candidate) for the G query heads of one KV head: pass 1 writes each
 // block's (max, sum of exp) per head, pass 2 merges an item's blocks into the normalisers. Used by
-// RetroInfer's cluster scores; ShadowKV's chunk scores write the same partials from tensor-core
-// tiles and merge them with pass 2's function.
+// RetroInfer's cluster scores; ShadowKV's chunk scores, whose threads hold tensor-core tiles,
+// reduce their warps themselves and use the block half.
 #include <cstdint>
 
 namespace spin::cuda {
 
+// Pass 1's block half, called by every thread of the block once each warp w has put its max of
+// head g in warp_max[w][g] and its sum of exp(x - that max) in warp_total[w][g] (shared memory):
+// thread g < G writes the block's max and sum of exp(x - max) of head g to partial[2 g] and
+// partial[2 g + 1] (max -inf and sum 0 when no warp has a value).
+template <int G, int Warps>
+__device__ __forceinline__ void block_partials_from_warps(const float (&warp_max)[Warps][G],
+                                                          const float (&warp_total)[Warps][G], float* partial) {
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < Warps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
+    for (int w = 0; w < Warps; ++w)
+      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
+    partial[2 * threadIdx.x] = m;
+    partial[2 * threadIdx.x + 1] = sum;
+  }
+}
+
 // Pass 1, called by every thread of the block: x[g] is the thread's value for head g (-inf for
-// none); thread g < G writes the block's max and sum of exp(x - max) of head g to partial[2 g] and
-// partial[2 g + 1] (max -inf and sum 0 when no thread has a value).
+// none); writes the block's partials as block_partials_from_warps.
 template <int G, int Warps>
 __device__ __forceinline__ void block_softmax_partials(const float (&x)[G], float* partial) {
   __shared__ float warp_max[Warps][G], warp_total[Warps][G];
@@ -25,15 +42,7 @@ __device__ __forceinline__ void block_softmax_partials(const float (&x)[G], floa
     for (int offset = 16; offset > 0; offset >>= 1) e += __shfl_xor_sync(0xffffffffu, e, offset);
     if (lane == 0) warp_max[warp][g] = m, warp_total[warp][g] = e;
   }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float m = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < Warps; ++w) m = fmaxf(m, warp_max[w][threadIdx.x]);
-    for (int w = 0; w < Warps; ++w)
-      if (warp_max[w][threadIdx.x] != -INFINITY) sum += warp_total[w][threadIdx.x] * __expf(warp_max[w][threadIdx.x] - m);
-    partial[2 * threadIdx.x] = m;
-    partial[2 * threadIdx.x + 1] = sum;
-  }
+  block_partials_from_warps<G, Warps>(warp_max, warp_total, partial);
 }
 
 // Pass 2, one thread per head: the max and 1 / sum of exp over `blocks` partials of the head,

@@ -11,7 +11,7 @@
 // Index: one warp per run; lane l owns RoPE pairs l and l + 32 (head_dim 128) or l (64), and sums
 // each token's pair turned back by the token's position. The cos and sin come from the angle in
 // double, as in the model's RoPE kernel, so positions of 100K+ lose nothing to the angle. A lane
-// holds whole pairs, so turning the complete block's mean to its centre needs no other lane.
+// holds whole pairs, so turning a complete block's mean to its centre needs no other lane.
 //
 // Score: one warp per (item, tile of 1 or kTileBlocks blocks), a tile's key loads in flight
 // together; lane l owns head_dim / 32 consecutive dimensions of a block key, one vector load.
@@ -72,6 +72,18 @@ struct LanePairs {
       }
     }
   }
+
+  // The lane's dimensions x[k] (of dim[k]) turned by position pos, stored to out[dim[k]].
+  __device__ void store_turned(const float (&x)[2 * kPairs], double pos, float* out) const {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      double s, c;
+      sincos(pos * freq[j], &s, &c);
+      const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
+      out[dim[j]] = x[j] * cf - x[kPairs + j] * sf;
+      out[dim[kPairs + j]] = x[j] * sf + x[kPairs + j] * cf;
+    }
+  }
 };
 
 // The list entries [begin, end) that run r of an Index folds; false when it folds nothing (past
@@ -91,7 +103,7 @@ __global__ void __launch_bounds__(kWarps * 32) seer_index_kernel(SeerIndexParams
   if (!run_bounds(p, static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32, begin, end)) return;  // whole warp
   const int bp = p.block_pages;
   const LanePairs<D> pairs(lane, p.inv_freq, p.neox);
-  constexpr int kPairs = LanePairs<D>::kPairs, kDims = 2 * kPairs;
+  constexpr int kDims = 2 * LanePairs<D>::kPairs;
   const int* dim = pairs.dim;
   auto* entries = reinterpret_cast<float*>(p.summaries);  // entry e: D floats at e * D
   const bool fresh = p.logical_pages[begin] % bp == 0;
@@ -108,19 +120,12 @@ __global__ void __launch_bounds__(kWarps * 32) seer_index_kernel(SeerIndexParams
       for (int k = 0; k < kDims; ++k) out[dim[k]] = sum[k];
       continue;
     }
-    // The block is complete: its mean, turned to the block's centre (a lane holds whole pairs).
+    // The block is complete: its mean, turned to the block's centre.
     const int64_t block_tokens = int64_t{bp} * p.page_size;
-    const double centre = static_cast<double>((page - (bp - 1)) * int64_t{p.page_size} + block_tokens / 2);
-    const auto count = static_cast<float>(block_tokens);
+    float mean[kDims];
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      double s, c;
-      sincos(centre * pairs.freq[j], &s, &c);
-      const auto cf = static_cast<float>(c), sf = static_cast<float>(s);
-      const float a = sum[j] / count, b = sum[kPairs + j] / count;
-      out[dim[j]] = a * cf - b * sf;
-      out[dim[kPairs + j]] = a * sf + b * cf;
-    }
+    for (int k = 0; k < kDims; ++k) mean[k] = sum[k] / static_cast<float>(block_tokens);
+    pairs.store_turned(mean, static_cast<double>((page - (bp - 1)) * int64_t{p.page_size} + block_tokens / 2), out);
   }
 }
 
@@ -271,11 +276,8 @@ __global__ void __launch_bounds__(kWarps * 32) seer_score_kernel(SeerScoreParams
 }
 
 template <int D, int kTile>
-cudaError_t launch_score(const SeerScoreParams& p, unsigned items, cudaStream_t stream) {
+cudaError_t launch_score(const SeerScoreParams& p, dim3 grid, cudaStream_t stream) {
   constexpr int kThreads = kWarps * 32;
-  // Blocks that can meet max_candidates pages: one more at each end when unaligned.
-  const int64_t tiles = (p.max_candidates / p.block_pages + 2 + kTile - 1) / kTile;
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((tiles + kWarps - 1) / kWarps, 1024)), items);
   if (p.gate_queries != nullptr) {
     launch(seer_score_kernel<D, 1, true, kTile>, grid, kThreads, 0, stream, p);
   } else {
@@ -293,13 +295,15 @@ cudaError_t launch_score(const SeerScoreParams& p, unsigned items, cudaStream_t 
 template <int D>
 cudaError_t launch_score(const SeerScoreParams& p, int64_t items, cudaStream_t stream) {
   constexpr int kWarpsPerSm = 64;
-  const int64_t blocks = items * (p.max_candidates / p.block_pages + 2);
-  const int tile = p.tile_blocks != 0 ? p.tile_blocks
-                   : blocks >= int64_t{kWarpsPerSm} * multiprocessor_count() ? kTileBlocks
-                                                                              : 1;
-  const auto grid_items = static_cast<unsigned>(items);
-  return tile == kTileBlocks ? launch_score<D, kTileBlocks>(p, grid_items, stream)
-                             : launch_score<D, 1>(p, grid_items, stream);
+  // Blocks that can meet max_candidates pages: one more at each end when unaligned.
+  const int64_t item_blocks = p.max_candidates / p.block_pages + 2;
+  const int tile = p.tile_blocks != 0                                                   ? p.tile_blocks
+                   : items * item_blocks >= int64_t{kWarpsPerSm} * multiprocessor_count() ? kTileBlocks
+                                                                                          : 1;
+  const int64_t tiles = (item_blocks + tile - 1) / tile;
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((tiles + kWarps - 1) / kWarps, 1024)),
+                  static_cast<unsigned>(items));
+  return tile == kTileBlocks ? launch_score<D, kTileBlocks>(p, grid, stream) : launch_score<D, 1>(p, grid, stream);
 }
 
 template <int D>

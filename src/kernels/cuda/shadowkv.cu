@@ -205,20 +205,9 @@ __global__ void __launch_bounds__(kThreads, kLogitsBlocksPerSm) shadowkv_logits_
     const int g = 2 * t4 + i;
     if (r == 0 && g < G) warp_max[warp][g] = m, warp_total[warp][g] = e;
   }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int g = static_cast<int>(threadIdx.x);
-    float m = -INFINITY, sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, warp_max[w][g]);
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      if (warp_max[w][g] != -INFINITY) sum += warp_total[w][g] * __expf(warp_max[w][g] - m);
-    float* partial = p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
-                     (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2;
-    partial[2 * g] = m;
-    partial[2 * g + 1] = sum;
-  }
+  block_partials_from_warps<G, kWarps>(warp_max, warp_total,
+                                       p.logits + shadowkv_score_partials_at(p.num_seqs * p.num_kv_heads, G, p.max_candidates) +
+                                           (static_cast<int64_t>(item) * gridDim.x + blockIdx.x) * G * 2);
 }
 
 // Pass 2, block (chunk, item): the softmax normalisers from every chunk's partials, then each
