@@ -43,9 +43,11 @@
 //    double: exp(lse) * out plus, per zone cluster with m > 0 members on no attended page, weight
 //    m * exp(scale * q . centroid) and value (value sum - attended members' values) / m,
 //    normalised. Within 1e-2 relative + 1e-3 (bf16 output; values are O(1)). Zones include a
-//    cluster wholly on a sink page (contributes nothing), one wholly on a page left out, and
-//    clusters with members on selected and window pages; an item with no zone cluster keeps its
-//    output bit for bit. head_dim 64/128, page size 8/32, group 1/3/8.
+//    cluster wholly on a sink page (contributes nothing), one wholly on a page left out, one of
+//    hundreds of members on selected and left-out pages, and clusters with members on selected and
+//    window pages; one sequence's zones hold hundreds of clusters (dozens a warp); an
+//    item with no zone cluster keeps its output bit for bit. head_dim 64/128, page size 8/32,
+//    group 1/3/8.
 //  * Parameters: each kernel rejects a bad head_dim, page size, slots or records_per_page, group,
 //    fraction and each null pointer with cudaErrorInvalidValue; nothing to do is a success.
 #include <cuda_bf16.h>
@@ -828,10 +830,11 @@ TEST_F(GpuRetroInfer, EstimateMergesClusterTermsIntoTheAttentionOutput) {
         const Layout layout(kHeads, head_dim, page_size);
         const int slots = layout.slots;
         const size_t page_elems = layout.page_elems();
-        // Sequence 0: 21 pages, sink page 0, candidates 1..17, clustered pages 0..19 (18 and 19 in
-        // the window). Sequence 1: 13 pages, sink pages 0 and 1, candidates 2..11 of which 10 and 11
-        // are unclustered (always selected). The candidate page `first` is never selected.
-        const std::vector<int32_t> pages{21, 13}, clustered{20, 10}, first{1, 2}, end{18, 12};
+        // Sequence 0: 601 pages, sink page 0, candidates 1..597, clustered pages 0..599 (598 and 599
+        // in the window): zones of hundreds of clusters. Sequence 1: 13
+        // pages, sink pages 0 and 1, candidates 2..11 of which 10 and 11 are unclustered (always
+        // selected). The candidate page `first` is never selected.
+        const std::vector<int32_t> pages{601, 13}, clustered{600, 10}, first{1, 2}, end{598, 12};
         const std::vector<int32_t> dir_offsets{0, layout.groups_for(clustered[0])};
         const int record_groups = dir_offsets[1] + layout.groups_for(clustered[1]);
         const std::vector<int32_t> dir = shuffled(record_groups);
@@ -874,22 +877,23 @@ TEST_F(GpuRetroInfer, EstimateMergesClusterTermsIntoTheAttentionOutput) {
           }
         }
         // Clusters: slot 0 holds sink page 0's tokens (wholly attended), slot 1 those of page
-        // `first` (none attended), the other tokens are drawn among slots 2.. (members on selected,
-        // window and left-out pages alike). Zones: slots 0, 1 and random others; none for the last
-        // item.
+        // `first` (none attended); in sequence 0, slot 2 those of pages first + 1 .. 40 (hundreds of
+        // members, selected and left out: more than a round of the member scan); the other tokens
+        // are drawn among slots 3.. (members on selected, window and left-out pages alike). Zones:
+        // slots 0, 1, 2 and random others; none for the last item.
         std::vector<std::vector<std::vector<int32_t>>> members(kItems);
         std::vector<std::vector<int32_t>> zone(kItems);
         for (int item = 0; item < kItems; ++item) {
           const int s = item / kHeads;
           const int num_slots = clustered[s] * slots;
           std::vector<int32_t> live;
-          for (int c = 2; c < num_slots; ++c)
+          for (int c = 3; c < num_slots; ++c)
             if (chance(0.75)) live.push_back(c);
-          if (live.empty()) live.push_back(2);
+          if (live.empty()) live.push_back(3);
           std::vector<int32_t> cluster_of(static_cast<size_t>(clustered[s]) * page_size);
           for (size_t t = 0; t < cluster_of.size(); ++t) {
             const auto page = static_cast<int>(t / page_size);
-            cluster_of[t] = page == 0 ? 0 : page == first[s] ? 1 : pick(live);
+            cluster_of[t] = page == 0 ? 0 : page == first[s] ? 1 : s == 0 && page <= 40 ? 2 : pick(live);
           }
           HeadRecords rec(pool, layout, dir.data() + dir_offsets[s], item % kHeads);
           members[item] = write_clusters(rec, cluster_of, num_slots);
@@ -901,7 +905,7 @@ TEST_F(GpuRetroInfer, EstimateMergesClusterTermsIntoTheAttentionOutput) {
               rec.set_value_sum(c, d, sum);
               rec.set_centroid(c, d, random_bf16(1.0f));
             }
-            if (item < kItems - 1 && !members[item][c].empty() && (c < 2 || chance(0.3))) zone[item].push_back(c);
+            if (item < kItems - 1 && !members[item][c].empty() && (c < 3 || chance(0.5))) zone[item].push_back(c);
           }
         }
         std::vector<int32_t> selected_flat, selected_offsets, selected_counts, zone_flat, zone_offsets, zone_counts;
@@ -953,8 +957,8 @@ TEST_F(GpuRetroInfer, EstimateMergesClusterTermsIntoTheAttentionOutput) {
         p.scale = scale;
         p.lse = d_lse.get();
         p.out = as_bf16(d_out.get());
-        // Several splits of the zone (each item has fewer clusters than splits * 8 warps: some
-        // splits have none) and one.
+        // One split (sequence 0's zones, of hundreds of clusters, give each of its 8 warps dozens)
+        // or several (sequence 1's few clusters leave splits with none).
         p.splits = chance(0.5) ? 1 : uniform(2, 5);
         // The selected pages' rank table covers every item, or only sequence 1's candidates (sequence
         // 0's are then searched in its list).
