@@ -13,7 +13,9 @@
 //     replacement would fetch, at the bulk host->device copy rate measured in the same run).
 // (f) overlap: one half-batch's decode attention that reads its misses over the host link, beside
 //     the other half's weight products on a second stream (rows `overlap`; see bench_overlap).
-// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap] [CSV file|-] [FILTER]
+// (g) RetroInfer's decode-side work for one layer: its select side, the decode attention and the
+//     estimation, each alone and chained (rows `retro`; see bench_retro).
+// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap|retro] [CSV file|-] [FILTER]
 // (FILTER: dense runs only the configs whose name contains it, e.g. "B1 ctx32K").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,6 +38,7 @@
 #include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/retroinfer.h"
 #include "kernels/cuda/sparse_select.h"
 #include "model/cuda/gemm.h"
 
@@ -1079,6 +1082,289 @@ void bench_overlap(cudaStream_t stream, std::mt19937& rng) {
   cudaFree(pool);
 }
 
+// (g) RetroInfer's decode-side work for one layer (rows `retro`), over records its Index builds
+// from random keys: the select side (cluster and page scores, the top pages, the estimation zone
+// and its top clusters), the decode attention over sinks + selected pages + window (all resident),
+// and the estimation merged into its output. Each phase is timed alone, then the whole chain,
+// rotating over `copies` layers whose records and pages together exceed the L2.
+__global__ void retro_attention_lists(const int32_t* selected, int budget_pages, int pages, int heads, int sink,
+                                      int window, int items, int32_t* lists) {
+  const int item = blockIdx.x;
+  if (item >= items) return;
+  const int seq = item / heads, h = item % heads;
+  const int len = sink + budget_pages + window;
+  for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    const int logical = j < sink ? j : j < sink + budget_pages ? selected[item * budget_pages + j - sink]
+                                                                : pages - window + (j - sink - budget_pages);
+    lists[item * len + j] = (seq * pages + logical) * heads + h;
+  }
+}
+
+int32_t* upload_ints(const std::vector<int32_t>& v) {
+  int32_t* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * 4));
+  if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+void bench_retro(cudaStream_t stream, std::mt19937&) {
+  namespace sc = spin::cuda;
+  // Qwen3-14B's attention shape; RetroInfer's defaults (16-token clusters, 8K-token segments, 10
+  // rounds, budget 2048 tokens, 4 sink tokens and a 64-token window in whole pages, zone 23.2%).
+  const int heads = 8, group = 5, d = 128, page = 16, context = 32768, budget_pages = 128, sink = 1, window = 4;
+  const int pages = context / page, segment_pages = sc::kRetroInferMaxSegmentTokens / page;
+  const int slots = sc::retroinfer_slots_per_page(page, 16);
+  const int per_page = sc::retroinfer_records_per_page(page, d, slots);
+  const int record_groups = (pages + per_page - 1) / per_page;
+  const int list_len = sink + budget_pages + window, max_clusters = pages * slots;
+  const size_t page_elems = size_t{2} * page * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int batch : {1, 8}) {
+    const int items = batch * heads;
+    const int copies = batch == 1 ? 8 : 2;  // each copy: 128 MB of pages and 15 MB of records a request
+    char config[64];
+    std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
+    // A copy's pool: group s * pages + p holds page p of request s (every head), then each
+    // request's record groups; the directory of request s is record_dir[s * record_groups ..].
+    const size_t groups = static_cast<size_t>(batch) * (pages + record_groups);
+    std::vector<int32_t> record_dir(static_cast<size_t>(batch) * record_groups), dir_offsets(batch);
+    for (int s = 0; s < batch; ++s) {
+      dir_offsets[s] = s * record_groups;
+      for (int r = 0; r < record_groups; ++r) record_dir[s * record_groups + r] = batch * pages + s * record_groups + r;
+    }
+    const std::vector<int32_t> clustered(batch, pages), first(batch, sink), end(batch, pages - window),
+        cluster_slots(batch, max_clusters), zeros(batch, 0), budget(items, budget_pages), tokens(items, list_len * page);
+    std::vector<int32_t> selected_offsets(items), zone_offsets(items), list_offsets(items + 1);
+    for (int i = 0; i < items; ++i) {
+      selected_offsets[i] = i * budget_pages;
+      zone_offsets[i] = i * max_clusters;
+    }
+    for (int i = 0; i <= items; ++i) list_offsets[i] = i * list_len;
+    int32_t *d_dir = upload_ints(record_dir), *d_dir_offsets = upload_ints(dir_offsets),
+            *d_clustered = upload_ints(clustered), *d_first = upload_ints(first), *d_end = upload_ints(end),
+            *d_slots = upload_ints(cluster_slots), *d_zeros = upload_ints(zeros), *d_budget = upload_ints(budget),
+            *d_tokens = upload_ints(tokens), *d_selected_offsets = upload_ints(selected_offsets),
+            *d_zone_offsets = upload_ints(zone_offsets), *d_list_offsets = upload_ints(list_offsets);
+
+    // The Index of every copy: k-means over each (request, head, segment), a request at a time.
+    std::vector<__nv_bfloat16*> pool(copies), q(copies), out(copies);
+    for (int c = 0; c < copies; ++c) {
+      CHECK_CUDA(cudaMalloc(&pool[c], groups * heads * page_elems * 2));
+      fill(pool[c], groups * heads * page_elems, 31 + c);
+      CHECK_CUDA(cudaMalloc(&q[c], static_cast<size_t>(items) * group * d * 2));
+      CHECK_CUDA(cudaMalloc(&out[c], static_cast<size_t>(items) * group * d * 2));
+      fill(q[c], static_cast<size_t>(items) * group * d, 51 + c);
+    }
+    sc::RetroInferRecords records;
+    records.num_kv_heads = heads;
+    records.head_dim = d;
+    records.page_size = page;
+    records.slots = slots;
+    records.records_per_page = per_page;
+    {
+      const int jobs = heads * (pages / segment_pages);
+      const size_t scratch_bytes = sc::retroinfer_cluster_scratch_bytes(int64_t{heads} * pages, jobs, page, d, slots);
+      void* scratch = nullptr;
+      CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+      for (int s = 0; s < batch; ++s) {
+        std::vector<int32_t> ids, offsets{0}, first_page, head, job_dir;
+        for (int h = 0; h < heads; ++h)
+          for (int f = 0; f < pages; f += segment_pages) {
+            for (int p = f; p < f + segment_pages; ++p) ids.push_back((s * pages + p) * heads + h);
+            offsets.push_back(static_cast<int32_t>(ids.size()));
+            first_page.push_back(f);
+            head.push_back(h);
+            job_dir.push_back(s * record_groups);
+          }
+        int32_t *d_ids = upload_ints(ids), *d_offsets = upload_ints(offsets), *d_first_page = upload_ints(first_page),
+                *d_head = upload_ints(head), *d_job_dir = upload_ints(job_dir);
+        for (int c = 0; c < copies; ++c) {
+          sc::RetroInferClusterParams cp;
+          cp.records = records;
+          cp.records.kv_pool = pool[c];
+          cp.page_ids = d_ids;
+          cp.page_offsets = d_offsets;
+          cp.first_page = d_first_page;
+          cp.head = d_head;
+          cp.dir = d_dir;
+          cp.dir_offsets = d_job_dir;
+          cp.num_jobs = jobs;
+          cp.total_pages = static_cast<int>(ids.size());
+          cp.scratch = scratch;
+          CHECK_CUDA(sc::retroinfer_cluster(cp, stream));
+        }
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        for (int32_t* p : {d_ids, d_offsets, d_first_page, d_head, d_job_dir}) cudaFree(p);
+      }
+      cudaFree(scratch);
+    }
+
+    // Per copy: the step's scratch and outputs (the select side writes what the attention and
+    // the estimation read).
+    struct Step {
+      float *logits, *totals, *page_scores, *zone_scores, *lse, *partials;
+      uint8_t* zone_flags;
+      int32_t *zone_tallies, *zone_counts, *selected, *zone, *lists;
+    };
+    const int splits = sc::retroinfer_estimate_splits(max_clusters);
+    std::vector<Step> steps(copies);
+    for (Step& st : steps) {
+      CHECK_CUDA(cudaMalloc(&st.logits, sc::retroinfer_score_scratch(items, group, max_clusters) * 4));
+      CHECK_CUDA(cudaMalloc(&st.totals, size_t{4} * items * max_clusters));
+      CHECK_CUDA(cudaMalloc(&st.page_scores, size_t{4} * items * pages));
+      CHECK_CUDA(cudaMalloc(&st.zone_scores, size_t{4} * items * max_clusters));
+      CHECK_CUDA(cudaMalloc(&st.lse, size_t{4} * items * group));
+      CHECK_CUDA(cudaMalloc(&st.partials, sc::retroinfer_estimate_scratch(items, group, d, splits) * 4));
+      CHECK_CUDA(cudaMalloc(&st.zone_flags, size_t{1} * items * max_clusters));
+      CHECK_CUDA(cudaMalloc(&st.zone_tallies, size_t{8} * items));
+      CHECK_CUDA(cudaMalloc(&st.zone_counts, size_t{4} * items));
+      CHECK_CUDA(cudaMalloc(&st.selected, size_t{4} * items * budget_pages));
+      CHECK_CUDA(cudaMalloc(&st.zone, size_t{4} * items * max_clusters));
+      CHECK_CUDA(cudaMalloc(&st.lists, size_t{4} * items * list_len));
+    }
+    const auto select_side = [&](int c) {
+      const Step& st = steps[c];
+      sc::RetroInferSelectParams sp;
+      sp.records = records;
+      sp.records.kv_pool = pool[c];
+      sp.q = q[c];
+      sp.dir = d_dir;
+      sp.dir_offsets = d_dir_offsets;
+      sp.clustered_pages = d_clustered;
+      sp.first_candidate = d_first;
+      sp.end_candidate = d_end;
+      sp.num_seqs = batch;
+      sp.group = group;
+      sp.scale = scale;
+      sp.max_clusters = max_clusters;
+      sp.max_candidates = pages;
+      sp.logits = st.logits;
+      sp.totals = st.totals;
+      sp.page_scores = st.page_scores;
+      sp.selected = st.selected;
+      sp.selected_offsets = d_selected_offsets;
+      sp.selected_counts = d_budget;
+      sp.estimate_fraction = 0.232;
+      sp.zone_flags = st.zone_flags;
+      sp.zone_tallies = st.zone_tallies;
+      sp.zone_scores = st.zone_scores;
+      sp.zone_counts = st.zone_counts;
+      CHECK_CUDA(sc::retroinfer_score(sp, stream));
+      sc::SelectTopParams top;
+      top.scores = st.page_scores;
+      top.max_candidates = pages;
+      top.first_candidate = d_first;
+      top.end_candidate = d_end;
+      top.counts = d_budget;
+      top.out_offsets = d_selected_offsets;
+      top.num_seqs = batch;
+      top.num_kv_heads = heads;
+      top.out_pages = st.selected;
+      CHECK_CUDA(sc::select_top_pages(top, stream));
+      CHECK_CUDA(sc::retroinfer_zone(sp, stream));
+      sc::SelectTopParams zone = top;
+      zone.scores = st.zone_scores;
+      zone.max_candidates = max_clusters;
+      zone.first_candidate = d_zeros;
+      zone.end_candidate = d_slots;
+      zone.counts = st.zone_counts;
+      zone.out_offsets = d_zone_offsets;
+      zone.out_pages = st.zone;
+      CHECK_CUDA(sc::select_top_pages(zone, stream));
+      retro_attention_lists<<<items, 128, 0, stream>>>(st.selected, budget_pages, pages, heads, sink, window, items,
+                                                      st.lists);
+      CHECK_CUDA(cudaGetLastError());
+    };
+    sc::PagedDecodeParams dp = decode_params(nullptr, batch, heads, group, d, page, list_len * page);
+    const size_t ws_bytes = sc::paged_decode_workspace_bytes(dp);
+    void* ws = nullptr;
+    if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    const auto attention = [&](int c) {
+      sc::PagedDecodeParams p = dp;
+      p.kv_pool = pool[c];
+      p.q = q[c];
+      p.page_ids = steps[c].lists;
+      p.list_offsets = d_list_offsets;
+      p.num_tokens = d_tokens;
+      p.lse = steps[c].lse;
+      CHECK_CUDA(sc::paged_decode_attention(p, out[c], ws, ws_bytes, stream));
+    };
+    const auto estimate = [&](int c) {
+      const Step& st = steps[c];
+      sc::RetroInferEstimateParams e;
+      e.records = records;
+      e.records.kv_pool = pool[c];
+      e.q = q[c];
+      e.dir = d_dir;
+      e.dir_offsets = d_dir_offsets;
+      e.first_candidate = d_first;
+      e.end_candidate = d_end;
+      e.selected = st.selected;
+      e.selected_offsets = d_selected_offsets;
+      e.selected_counts = d_budget;
+      e.zone = st.zone;
+      e.zone_offsets = d_zone_offsets;
+      e.zone_counts = st.zone_counts;
+      e.decode_pages = st.lists;
+      e.decode_offsets = d_list_offsets;
+      e.num_seqs = batch;
+      e.group = group;
+      e.scale = scale;
+      e.lse = st.lse;
+      e.out = out[c];
+      e.splits = splits;
+      e.partials = st.partials;
+      e.max_candidates = pages;
+      CHECK_CUDA(sc::retroinfer_estimate(e, stream));
+    };
+    for (int c = 0; c < copies; ++c) {
+      select_side(c);
+      attention(c);
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    // What the estimation reads at least: per zone cluster its record's start, size, value sum and
+    // centroid and 16 member entries (its members on attended pages also have their values read;
+    // not counted).
+    double zone_clusters = 0;
+    {
+      std::vector<int32_t> counts(items);
+      CHECK_CUDA(cudaMemcpy(counts.data(), steps[0].zone_counts, size_t{4} * items, cudaMemcpyDeviceToHost));
+      for (int32_t n : counts) zone_clusters += n;
+    }
+    const double zone_bytes = zone_clusters * (8 + 4 * d + 2 * d + 4 * 16);
+    const double list_bytes = static_cast<double>(items) * list_len * page_elems * 2;
+    std::printf("retro    %-28s zone: %.0f clusters an item, %d pages attended, %d splits\n", config,
+                zone_clusters / items, list_len, splits);
+    emit("retro", config, "select side", time_graph(stream, copies, select_side), 0.0);
+    emit("retro", config, "decode attention", time_graph(stream, copies, attention), list_bytes);
+    emit("retro", config, "estimation", time_graph(stream, copies, estimate), zone_bytes);
+    emit("retro", config, "layer", time_graph(stream, copies, [&](int c) {
+           select_side(c);
+           attention(c);
+           estimate(c);
+         }),
+         list_bytes + zone_bytes);
+
+    if (ws) cudaFree(ws);
+    for (Step& st : steps) {
+      for (void* p : {static_cast<void*>(st.logits), static_cast<void*>(st.totals), static_cast<void*>(st.page_scores),
+                      static_cast<void*>(st.zone_scores), static_cast<void*>(st.lse), static_cast<void*>(st.partials),
+                      static_cast<void*>(st.zone_flags), static_cast<void*>(st.zone_tallies),
+                      static_cast<void*>(st.zone_counts), static_cast<void*>(st.selected), static_cast<void*>(st.zone),
+                      static_cast<void*>(st.lists)})
+        cudaFree(p);
+    }
+    for (int c = 0; c < copies; ++c) {
+      cudaFree(pool[c]);
+      cudaFree(q[c]);
+      cudaFree(out[c]);
+    }
+    for (int32_t* p : {d_dir, d_dir_offsets, d_clustered, d_first, d_end, d_slots, d_zeros, d_budget, d_tokens,
+                       d_selected_offsets, d_zone_offsets, d_list_offsets})
+      cudaFree(p);
+  }
+}
+
 int main(int argc, char** argv) {
   // Line by line even into a file: a run killed by its time limit keeps the rows it printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -1100,6 +1386,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "prefill") bench_prefill(stream, rng);
   if (what == "all" || what == "step") bench_step(stream, rng);
   if (what == "all" || what == "overlap") bench_overlap(stream, rng);
+  if (what == "all" || what == "retro") bench_retro(stream, rng);
   if (csv_path) std::fclose(g_csv);
   return 0;
 }
