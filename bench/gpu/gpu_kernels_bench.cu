@@ -16,7 +16,7 @@
 // (g) RetroInfer's decode-side work for one layer: its select side, the decode attention and the
 //     estimation, each alone and chained (rows `retro`; see bench_retro).
 // Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap|retro] [CSV file|-] [FILTER]
-// (FILTER: dense runs only the configs whose name contains it, e.g. "B1 ctx32K").
+// (FILTER: dense and retro run only the configs whose name contains it, e.g. "B1 ctx32K", "B8").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -58,7 +58,7 @@ constexpr float kWarmupMs = 50.0f;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs per graph >= 8x the 60 MB L2
 
 FILE* g_csv = nullptr;
-std::string g_only;  // dense: run only configs containing this (argv[3]; empty: all)
+std::string g_only;  // dense, retro: run only configs containing this (argv[3]; empty: all)
 
 void emit(const std::string& bench, const std::string& config, const std::string& variant,
           double time_us, double bytes) {
@@ -1124,6 +1124,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     const int copies = batch == 1 ? 8 : 2;  // each copy: 128 MB of pages and 15 MB of records a request
     char config[64];
     std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
+    if (!g_only.empty() && std::string(config).find(g_only) == std::string::npos) continue;
     // A copy's pool: group s * pages + p holds page p of request s (every head), then each
     // request's record groups; the directory of request s is record_dir[s * record_groups ..].
     const size_t groups = static_cast<size_t>(batch) * (pages + record_groups);
