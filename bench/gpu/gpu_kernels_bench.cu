@@ -1100,20 +1100,32 @@ __global__ void retro_attention_lists(const int32_t* selected, int budget_pages,
   }
 }
 
-int32_t* upload_ints(const std::vector<int32_t>& v) {
-  int32_t* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * 4));
+// n elements of device memory, recorded in `owned` for the caller to free.
+template <typename T>
+T* device_array(std::vector<void*>& owned, size_t n) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+int32_t* device_ints(std::vector<void*>& owned, const std::vector<int32_t>& v) {
+  int32_t* d = device_array<int32_t>(owned, v.size());
   if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
   return d;
 }
 
 void bench_retro(cudaStream_t stream, std::mt19937&) {
   namespace sc = spin::cuda;
-  // Qwen3-14B's attention shape; RetroInfer's defaults (16-token clusters, 8K-token segments, 10
-  // rounds, budget 2048 tokens, 4 sink tokens and a 64-token window in whole pages, zone 23.2%).
+  // Qwen3-14B's attention shape; RetroInfer's defaults (sparse/settings.h's SparseSettings, which
+  // this C++17 file cannot include, and sparse/retroinfer.cpp): 16-token clusters, 8K-token
+  // segments, 10 rounds, budget 2048 tokens, 4 sink tokens and a 64-token window in whole pages,
+  // zone 23.2% of the clusters.
   const int heads = 8, group = 5, d = 128, page = 16, context = 32768, budget_pages = 128, sink = 1, window = 4;
+  const int cluster_tokens = 16;
+  const double estimate_fraction = 0.232;
   const int pages = context / page, segment_pages = sc::kRetroInferMaxSegmentTokens / page;
-  const int slots = sc::retroinfer_slots_per_page(page, 16);
+  const int slots = sc::retroinfer_slots_per_page(page, cluster_tokens);
   const int per_page = sc::retroinfer_records_per_page(page, d, slots);
   const int record_groups = (pages + per_page - 1) / per_page;
   const int list_len = sink + budget_pages + window, max_clusters = pages * slots;
@@ -1134,39 +1146,47 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
       for (int r = 0; r < record_groups; ++r) record_dir[s * record_groups + r] = batch * pages + s * record_groups + r;
     }
     const std::vector<int32_t> clustered(batch, pages), first(batch, sink), end(batch, pages - window),
-        cluster_slots(batch, max_clusters), zeros(batch, 0), budget(items, budget_pages), tokens(items, list_len * page);
+        cluster_slots(batch, max_clusters), zeros(batch, 0), budget(items, budget_pages),
+        tokens(items, list_len * page);
     std::vector<int32_t> selected_offsets(items), zone_offsets(items), list_offsets(items + 1);
     for (int i = 0; i < items; ++i) {
       selected_offsets[i] = i * budget_pages;
       zone_offsets[i] = i * max_clusters;
     }
     for (int i = 0; i <= items; ++i) list_offsets[i] = i * list_len;
-    int32_t *d_dir = upload_ints(record_dir), *d_dir_offsets = upload_ints(dir_offsets),
-            *d_clustered = upload_ints(clustered), *d_first = upload_ints(first), *d_end = upload_ints(end),
-            *d_slots = upload_ints(cluster_slots), *d_zeros = upload_ints(zeros), *d_budget = upload_ints(budget),
-            *d_tokens = upload_ints(tokens), *d_selected_offsets = upload_ints(selected_offsets),
-            *d_zone_offsets = upload_ints(zone_offsets), *d_list_offsets = upload_ints(list_offsets);
+    std::vector<void*> owned;  // every device array of this batch, freed at its end
+    int32_t *d_dir = device_ints(owned, record_dir), *d_dir_offsets = device_ints(owned, dir_offsets),
+            *d_clustered = device_ints(owned, clustered), *d_first = device_ints(owned, first),
+            *d_end = device_ints(owned, end), *d_slots = device_ints(owned, cluster_slots),
+            *d_zeros = device_ints(owned, zeros), *d_budget = device_ints(owned, budget),
+            *d_tokens = device_ints(owned, tokens), *d_selected_offsets = device_ints(owned, selected_offsets),
+            *d_zone_offsets = device_ints(owned, zone_offsets), *d_list_offsets = device_ints(owned, list_offsets);
 
     // The Index of every copy: k-means over each (request, head, segment), a request at a time.
     std::vector<__nv_bfloat16*> pool(copies), q(copies), out(copies);
+    const size_t q_elems = static_cast<size_t>(items) * group * d;
     for (int c = 0; c < copies; ++c) {
-      CHECK_CUDA(cudaMalloc(&pool[c], groups * heads * page_elems * 2));
+      pool[c] = device_array<__nv_bfloat16>(owned, groups * heads * page_elems);
       fill(pool[c], groups * heads * page_elems, 31 + c);
-      CHECK_CUDA(cudaMalloc(&q[c], static_cast<size_t>(items) * group * d * 2));
-      CHECK_CUDA(cudaMalloc(&out[c], static_cast<size_t>(items) * group * d * 2));
-      fill(q[c], static_cast<size_t>(items) * group * d, 51 + c);
+      q[c] = device_array<__nv_bfloat16>(owned, q_elems);
+      out[c] = device_array<__nv_bfloat16>(owned, q_elems);
+      fill(q[c], q_elems, 51 + c);
     }
-    sc::RetroInferRecords records;
-    records.num_kv_heads = heads;
-    records.head_dim = d;
-    records.page_size = page;
-    records.slots = slots;
-    records.records_per_page = per_page;
+    // Copy c's records.
+    const auto records = [&](int c) {
+      sc::RetroInferRecords r;
+      r.kv_pool = pool[c];
+      r.num_kv_heads = heads;
+      r.head_dim = d;
+      r.page_size = page;
+      r.slots = slots;
+      r.records_per_page = per_page;
+      return r;
+    };
     {
       const int jobs = heads * (pages / segment_pages);
-      const size_t scratch_bytes = sc::retroinfer_cluster_scratch_bytes(int64_t{heads} * pages, jobs, page, d, slots);
-      void* scratch = nullptr;
-      CHECK_CUDA(cudaMalloc(&scratch, scratch_bytes));
+      char* scratch = device_array<char>(
+          owned, sc::retroinfer_cluster_scratch_bytes(int64_t{heads} * pages, jobs, page, d, slots));
       for (int s = 0; s < batch; ++s) {
         std::vector<int32_t> ids, offsets{0}, first_page, head, job_dir;
         for (int h = 0; h < heads; ++h)
@@ -1177,27 +1197,23 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
             head.push_back(h);
             job_dir.push_back(s * record_groups);
           }
-        int32_t *d_ids = upload_ints(ids), *d_offsets = upload_ints(offsets), *d_first_page = upload_ints(first_page),
-                *d_head = upload_ints(head), *d_job_dir = upload_ints(job_dir);
+        sc::RetroInferClusterParams cp;
+        cp.page_ids = device_ints(owned, ids);
+        cp.page_offsets = device_ints(owned, offsets);
+        cp.first_page = device_ints(owned, first_page);
+        cp.head = device_ints(owned, head);
+        cp.dir = d_dir;
+        cp.dir_offsets = device_ints(owned, job_dir);
+        cp.num_jobs = jobs;
+        cp.total_pages = static_cast<int>(ids.size());
+        cp.cluster_tokens = cluster_tokens;
+        cp.scratch = scratch;
         for (int c = 0; c < copies; ++c) {
-          sc::RetroInferClusterParams cp;
-          cp.records = records;
-          cp.records.kv_pool = pool[c];
-          cp.page_ids = d_ids;
-          cp.page_offsets = d_offsets;
-          cp.first_page = d_first_page;
-          cp.head = d_head;
-          cp.dir = d_dir;
-          cp.dir_offsets = d_job_dir;
-          cp.num_jobs = jobs;
-          cp.total_pages = static_cast<int>(ids.size());
-          cp.scratch = scratch;
+          cp.records = records(c);
           CHECK_CUDA(sc::retroinfer_cluster(cp, stream));
         }
         CHECK_CUDA(cudaStreamSynchronize(stream));
-        for (int32_t* p : {d_ids, d_offsets, d_first_page, d_head, d_job_dir}) cudaFree(p);
       }
-      cudaFree(scratch);
     }
 
     // Per copy: the step's scratch and outputs (the select side writes what the attention and
@@ -1209,25 +1225,25 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     };
     const int splits = sc::retroinfer_estimate_splits(max_clusters);
     std::vector<Step> steps(copies);
+    const auto clusters_of_items = static_cast<size_t>(items) * max_clusters;
     for (Step& st : steps) {
-      CHECK_CUDA(cudaMalloc(&st.logits, sc::retroinfer_score_scratch(items, group, max_clusters) * 4));
-      CHECK_CUDA(cudaMalloc(&st.totals, size_t{4} * items * max_clusters));
-      CHECK_CUDA(cudaMalloc(&st.page_scores, size_t{4} * items * pages));
-      CHECK_CUDA(cudaMalloc(&st.zone_scores, size_t{4} * items * max_clusters));
-      CHECK_CUDA(cudaMalloc(&st.lse, size_t{4} * items * group));
-      CHECK_CUDA(cudaMalloc(&st.partials, sc::retroinfer_estimate_scratch(items, group, d, splits) * 4));
-      CHECK_CUDA(cudaMalloc(&st.zone_flags, size_t{1} * items * max_clusters));
-      CHECK_CUDA(cudaMalloc(&st.zone_tallies, size_t{8} * items));
-      CHECK_CUDA(cudaMalloc(&st.zone_counts, size_t{4} * items));
-      CHECK_CUDA(cudaMalloc(&st.selected, size_t{4} * items * budget_pages));
-      CHECK_CUDA(cudaMalloc(&st.zone, size_t{4} * items * max_clusters));
-      CHECK_CUDA(cudaMalloc(&st.lists, size_t{4} * items * list_len));
+      st.logits = device_array<float>(owned, sc::retroinfer_score_scratch(items, group, max_clusters));
+      st.totals = device_array<float>(owned, clusters_of_items);
+      st.page_scores = device_array<float>(owned, static_cast<size_t>(items) * pages);
+      st.zone_scores = device_array<float>(owned, clusters_of_items);
+      st.lse = device_array<float>(owned, static_cast<size_t>(items) * group);
+      st.partials = device_array<float>(owned, sc::retroinfer_estimate_scratch(items, group, d, splits));
+      st.zone_flags = device_array<uint8_t>(owned, clusters_of_items);
+      st.zone_tallies = device_array<int32_t>(owned, size_t{2} * items);
+      st.zone_counts = device_array<int32_t>(owned, items);
+      st.selected = device_array<int32_t>(owned, static_cast<size_t>(items) * budget_pages);
+      st.zone = device_array<int32_t>(owned, clusters_of_items);
+      st.lists = device_array<int32_t>(owned, static_cast<size_t>(items) * list_len);
     }
     const auto select_side = [&](int c) {
       const Step& st = steps[c];
       sc::RetroInferSelectParams sp;
-      sp.records = records;
-      sp.records.kv_pool = pool[c];
+      sp.records = records(c);
       sp.q = q[c];
       sp.dir = d_dir;
       sp.dir_offsets = d_dir_offsets;
@@ -1245,7 +1261,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
       sp.selected = st.selected;
       sp.selected_offsets = d_selected_offsets;
       sp.selected_counts = d_budget;
-      sp.estimate_fraction = 0.232;
+      sp.estimate_fraction = estimate_fraction;
       sp.zone_flags = st.zone_flags;
       sp.zone_tallies = st.zone_tallies;
       sp.zone_scores = st.zone_scores;
@@ -1278,8 +1294,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     };
     sc::PagedDecodeParams dp = decode_params(nullptr, batch, heads, group, d, page, list_len * page);
     const size_t ws_bytes = sc::paged_decode_workspace_bytes(dp);
-    void* ws = nullptr;
-    if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    char* ws = ws_bytes ? device_array<char>(owned, ws_bytes) : nullptr;
     const auto attention = [&](int c) {
       sc::PagedDecodeParams p = dp;
       p.kv_pool = pool[c];
@@ -1293,8 +1308,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     const auto estimate = [&](int c) {
       const Step& st = steps[c];
       sc::RetroInferEstimateParams e;
-      e.records = records;
-      e.records.kv_pool = pool[c];
+      e.records = records(c);
       e.q = q[c];
       e.dir = d_dir;
       e.dir_offsets = d_dir_offsets;
@@ -1324,15 +1338,15 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     }
     CHECK_CUDA(cudaStreamSynchronize(stream));
     // What the estimation reads at least: per zone cluster its record's start, size, value sum and
-    // centroid and 16 member entries (its members on attended pages also have their values read;
-    // not counted).
+    // centroid and its member entries, cluster_tokens on average (its members on attended pages
+    // also have their values read; not counted).
     double zone_clusters = 0;
     {
       std::vector<int32_t> counts(items);
       CHECK_CUDA(cudaMemcpy(counts.data(), steps[0].zone_counts, size_t{4} * items, cudaMemcpyDeviceToHost));
       for (int32_t n : counts) zone_clusters += n;
     }
-    const double zone_bytes = zone_clusters * (8 + 4 * d + 2 * d + 4 * 16);
+    const double zone_bytes = zone_clusters * (8 + 4 * d + 2 * d + 4 * cluster_tokens);
     const double list_bytes = static_cast<double>(items) * list_len * page_elems * 2;
     std::printf("retro    %-28s zone: %.0f clusters an item, %d pages attended, %d splits\n", config,
                 zone_clusters / items, list_len, splits);
@@ -1346,23 +1360,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
          }),
          list_bytes + zone_bytes);
 
-    if (ws) cudaFree(ws);
-    for (Step& st : steps) {
-      for (void* p : {static_cast<void*>(st.logits), static_cast<void*>(st.totals), static_cast<void*>(st.page_scores),
-                      static_cast<void*>(st.zone_scores), static_cast<void*>(st.lse), static_cast<void*>(st.partials),
-                      static_cast<void*>(st.zone_flags), static_cast<void*>(st.zone_tallies),
-                      static_cast<void*>(st.zone_counts), static_cast<void*>(st.selected), static_cast<void*>(st.zone),
-                      static_cast<void*>(st.lists)})
-        cudaFree(p);
-    }
-    for (int c = 0; c < copies; ++c) {
-      cudaFree(pool[c]);
-      cudaFree(q[c]);
-      cudaFree(out[c]);
-    }
-    for (int32_t* p : {d_dir, d_dir_offsets, d_clustered, d_first, d_end, d_slots, d_zeros, d_budget, d_tokens,
-                       d_selected_offsets, d_zone_offsets, d_list_offsets})
-      cudaFree(p);
+    for (void* p : owned) cudaFree(p);
   }
 }
 
