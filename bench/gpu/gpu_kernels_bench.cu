@@ -163,6 +163,23 @@ __global__ void fill_random_bf16(__nv_bfloat16* p, size_t n, uint32_t seed) {
   }
 }
 
+// n elements of device memory, recorded in `owned` for the caller to free.
+template <typename T>
+T* device_array(std::vector<void*>& owned, size_t n) {
+  void* p = nullptr;
+  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  owned.push_back(p);
+  return static_cast<T*>(p);
+}
+
+// A device copy of v, recorded in `owned`.
+template <typename T>
+T* device_copy(std::vector<void*>& owned, const std::vector<T>& v) {
+  T* d = device_array<T>(owned, v.size());
+  if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
 void fill(__nv_bfloat16* p, size_t n, uint32_t seed) {
   fill_random_bf16<<<1024, 256>>>(p, n, seed);
   CHECK_CUDA(cudaGetLastError());
@@ -667,16 +684,16 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       // indexes it) and the same bytes in the host tier (pinned, mapped), page id p * heads + h
       // for page p = seq * P + logical page.
       const size_t ctx_pages = static_cast<size_t>(batch) * P * heads;
-      __nv_bfloat16 *full = nullptr, *host = nullptr, *host_dev = nullptr;
-      CHECK_CUDA(cudaMalloc(&full, ctx_pages * page_bytes));
+      std::vector<void*> owned;  // every device array of this configuration, freed at its end
+      __nv_bfloat16 *host = nullptr, *host_dev = nullptr;
+      __nv_bfloat16* full = device_array<__nv_bfloat16>(owned, ctx_pages * page_elems);
       fill(full, ctx_pages * page_elems, 21);
       CHECK_CUDA(cudaHostAlloc(&host, ctx_pages * page_bytes, cudaHostAllocMapped));
       CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&host_dev), host, 0));
       CHECK_CUDA(cudaMemcpy(host, full, ctx_pages * page_bytes, cudaMemcpyDeviceToHost));
 
       // Quest summaries of every page (not timed: Index runs once per page as it completes).
-      __nv_bfloat16* summaries = nullptr;
-      CHECK_CUDA(cudaMalloc(&summaries, ctx_pages * 2 * d * 2));
+      __nv_bfloat16* summaries = device_array<__nv_bfloat16>(owned, ctx_pages * 2 * d);
       {
         std::vector<int32_t> src(ctx_pages), dst(ctx_pages);
         for (int s = 0; s < batch; ++s)
@@ -687,30 +704,22 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
               const int chunk = s * chunks + p / sc::kSummaryChunkPages;
               dst[i] = (chunk * heads + h) * sc::kSummaryChunkPages + p % sc::kSummaryChunkPages;
             }
-        int32_t *d_src, *d_dst;
-        CHECK_CUDA(cudaMalloc(&d_src, ctx_pages * 4));
-        CHECK_CUDA(cudaMalloc(&d_dst, ctx_pages * 4));
-        CHECK_CUDA(cudaMemcpy(d_src, src.data(), ctx_pages * 4, cudaMemcpyHostToDevice));
-        CHECK_CUDA(cudaMemcpy(d_dst, dst.data(), ctx_pages * 4, cudaMemcpyHostToDevice));
         sc::QuestIndexParams ip;
         ip.kv_pool = full;
-        ip.src_pages = d_src;
-        ip.dst_entries = d_dst;
+        ip.src_pages = device_copy(owned, src);
+        ip.dst_entries = device_copy(owned, dst);
         ip.num_pages = static_cast<int>(ctx_pages);
         ip.head_dim = d;
         ip.page_size = page;
         ip.summaries = summaries;
         CHECK_CUDA(sc::quest_index_pages(ip, stream));
         CHECK_CUDA(cudaStreamSynchronize(stream));
-        cudaFree(d_src);
-        cudaFree(d_dst);
       }
 
       // Device tier of the sparse path: per request 1 sink + 3 window groups, then its cache slots.
       const int groups_per_seq = sink + window + slots;
       const size_t dev_pages = static_cast<size_t>(batch) * groups_per_seq * heads;
-      __nv_bfloat16* pool = nullptr;
-      CHECK_CUDA(cudaMalloc(&pool, dev_pages * page_bytes));
+      __nv_bfloat16* pool = device_array<__nv_bfloat16>(owned, dev_pages * page_elems);
       fill(pool, dev_pages * page_elems, 22);
       std::vector<int32_t> h_list(static_cast<size_t>(items) * list_len, -1), list_off(items + 1), out_off(items),
           ntok(items, list_len * page), need_off(items), need_cnt(items, budget_pages), cache_groups, cache_off{0},
@@ -734,38 +743,26 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
         }
       }
       list_off[items] = items * list_len;
-      auto upload = [](const auto& v) {
-        using T = typename std::decay_t<decltype(v)>::value_type;
-        T* p = nullptr;
-        CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)));
-        CHECK_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-        return p;
-      };
-      int32_t *d_list = upload(h_list), *d_list_off = upload(list_off), *d_out_off = upload(out_off),
-              *d_ntok = upload(ntok), *d_need_off = upload(need_off), *d_need_cnt = upload(need_cnt),
-              *d_cache_groups = upload(cache_groups), *d_cache_off = upload(cache_off),
-              *d_host_groups = upload(host_groups), *d_host_off = upload(host_off), *d_dir = upload(dir),
-              *d_dir_off = upload(dir_off), *d_first = upload(first), *d_end = upload(end);
+      int32_t *d_list = device_copy(owned, h_list), *d_list_off = device_copy(owned, list_off), *d_out_off = device_copy(owned, out_off),
+              *d_ntok = device_copy(owned, ntok), *d_need_off = device_copy(owned, need_off), *d_need_cnt = device_copy(owned, need_cnt),
+              *d_cache_groups = device_copy(owned, cache_groups), *d_cache_off = device_copy(owned, cache_off),
+              *d_host_groups = device_copy(owned, host_groups), *d_host_off = device_copy(owned, host_off), *d_dir = device_copy(owned, dir),
+              *d_dir_off = device_copy(owned, dir_off), *d_first = device_copy(owned, first), *d_end = device_copy(owned, end);
       const size_t state_entries = static_cast<size_t>(batch) * groups_per_seq * heads;
-      int32_t *d_slot_page = nullptr, *d_needed = nullptr, *d_error = nullptr;
-      uint32_t *d_stamp = nullptr, *d_now = nullptr;
-      unsigned long long* d_counters = nullptr;
-      float* d_scores = nullptr;
-      __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
-      CHECK_CUDA(cudaMalloc(&d_slot_page, state_entries * 4));
+      auto* d_slot_page = device_array<int32_t>(owned, state_entries);
       CHECK_CUDA(cudaMemset(d_slot_page, 0xff, state_entries * 4));
-      CHECK_CUDA(cudaMalloc(&d_stamp, state_entries * 4));
+      auto* d_stamp = device_array<uint32_t>(owned, state_entries);
       CHECK_CUDA(cudaMemset(d_stamp, 0, state_entries * 4));
-      CHECK_CUDA(cudaMalloc(&d_now, batch * 4));
-      CHECK_CUDA(cudaMalloc(&d_needed, static_cast<size_t>(items) * budget_pages * 4));
-      CHECK_CUDA(cudaMalloc(&d_error, 4));
+      auto* d_now = device_array<uint32_t>(owned, batch);
+      auto* d_needed = device_array<int32_t>(owned, static_cast<size_t>(items) * budget_pages);
+      auto* d_error = device_array<int32_t>(owned, 1);
       CHECK_CUDA(cudaMemset(d_error, 0, 4));
-      CHECK_CUDA(cudaMalloc(&d_counters, batch * 3 * 8));
+      auto* d_counters = device_array<unsigned long long>(owned, size_t{3} * batch);
       CHECK_CUDA(cudaMemset(d_counters, 0, batch * 3 * 8));
-      CHECK_CUDA(cudaMalloc(&d_scores, static_cast<size_t>(items) * P * 4));
+      auto* d_scores = device_array<float>(owned, static_cast<size_t>(items) * P);
       const size_t q_elems = static_cast<size_t>(items) * group * d;
-      CHECK_CUDA(cudaMalloc(&d_q, q_elems * 2));
-      CHECK_CUDA(cudaMalloc(&d_out, q_elems * 2));
+      auto* d_q = device_array<__nv_bfloat16>(owned, q_elems);
+      auto* d_out = device_array<__nv_bfloat16>(owned, q_elems);
       fill(d_q, q_elems, 23);
 
       sc::QuestScoreParams qs;
@@ -820,8 +817,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       ap.list_offsets = d_list_off;
       ap.num_tokens = d_ntok;
       const size_t ws_bytes = sc::paged_decode_workspace_bytes(ap);
-      void* ws = nullptr;
-      if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+      char* ws = ws_bytes ? device_array<char>(owned, ws_bytes) : nullptr;
 
       cudaEvent_t ev[5];
       for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
@@ -876,7 +872,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
         for (int p = 0; p < P; ++p) dense_ids[static_cast<size_t>(i) * P + p] = (s * P + p) * heads + h;
         dense_off[i + 1] = (i + 1) * P;
       }
-      int32_t *dd_ids = upload(dense_ids), *dd_off = upload(dense_off), *dd_tok = upload(dense_tok);
+      int32_t *dd_ids = device_copy(owned, dense_ids), *dd_off = device_copy(owned, dense_off), *dd_tok = device_copy(owned, dense_tok);
       sc::PagedDecodeParams dp = ap;
       dp.kv_pool = full;
       dp.page_ids = dd_ids;
@@ -884,8 +880,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       dp.num_tokens = dd_tok;
       dp.max_tokens = context;
       const size_t dws_bytes = sc::paged_decode_workspace_bytes(dp);
-      void* dws = nullptr;
-      if (dws_bytes) CHECK_CUDA(cudaMalloc(&dws, dws_bytes));
+      char* dws = dws_bytes ? device_array<char>(owned, dws_bytes) : nullptr;
       const double t_dense = time_direct(stream, [&] {
         CHECK_CUDA(sc::paged_decode_attention(dp, d_out, dws, dws_bytes, stream));
       });
@@ -910,17 +905,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       std::fflush(stdout);
 
       for (auto& e : ev) cudaEventDestroy(e);
-      for (void* p : {static_cast<void*>(full), static_cast<void*>(summaries), static_cast<void*>(pool),
-                      static_cast<void*>(d_list), static_cast<void*>(d_list_off), static_cast<void*>(d_out_off),
-                      static_cast<void*>(d_ntok), static_cast<void*>(d_need_off), static_cast<void*>(d_need_cnt),
-                      static_cast<void*>(d_cache_groups), static_cast<void*>(d_cache_off),
-                      static_cast<void*>(d_host_groups), static_cast<void*>(d_host_off), static_cast<void*>(d_dir),
-                      static_cast<void*>(d_dir_off), static_cast<void*>(d_first), static_cast<void*>(d_end),
-                      static_cast<void*>(d_slot_page), static_cast<void*>(d_needed), static_cast<void*>(d_error),
-                      static_cast<void*>(d_stamp), static_cast<void*>(d_now), static_cast<void*>(d_counters),
-                      static_cast<void*>(d_scores), static_cast<void*>(d_q), static_cast<void*>(d_out), ws,
-                      static_cast<void*>(dd_ids), static_cast<void*>(dd_off), static_cast<void*>(dd_tok), dws})
-        cudaFree(p);
+      for (void* p : owned) cudaFree(p);
       cudaFreeHost(host);
     }
   }
@@ -1100,21 +1085,6 @@ __global__ void retro_attention_lists(const int32_t* selected, int budget_pages,
   }
 }
 
-// n elements of device memory, recorded in `owned` for the caller to free.
-template <typename T>
-T* device_array(std::vector<void*>& owned, size_t n) {
-  void* p = nullptr;
-  CHECK_CUDA(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-  owned.push_back(p);
-  return static_cast<T*>(p);
-}
-
-int32_t* device_ints(std::vector<void*>& owned, const std::vector<int32_t>& v) {
-  int32_t* d = device_array<int32_t>(owned, v.size());
-  if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
 void bench_retro(cudaStream_t stream, std::mt19937&) {
   namespace sc = spin::cuda;
   // Qwen3-14B's attention shape; RetroInfer's defaults (sparse/settings.h's SparseSettings, which
@@ -1155,12 +1125,12 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     }
     for (int i = 0; i <= items; ++i) list_offsets[i] = i * list_len;
     std::vector<void*> owned;  // every device array of this batch, freed at its end
-    int32_t *d_dir = device_ints(owned, record_dir), *d_dir_offsets = device_ints(owned, dir_offsets),
-            *d_clustered = device_ints(owned, clustered), *d_first = device_ints(owned, first),
-            *d_end = device_ints(owned, end), *d_slots = device_ints(owned, cluster_slots),
-            *d_zeros = device_ints(owned, zeros), *d_budget = device_ints(owned, budget),
-            *d_tokens = device_ints(owned, tokens), *d_selected_offsets = device_ints(owned, selected_offsets),
-            *d_zone_offsets = device_ints(owned, zone_offsets), *d_list_offsets = device_ints(owned, list_offsets);
+    int32_t *d_dir = device_copy(owned, record_dir), *d_dir_offsets = device_copy(owned, dir_offsets),
+            *d_clustered = device_copy(owned, clustered), *d_first = device_copy(owned, first),
+            *d_end = device_copy(owned, end), *d_slots = device_copy(owned, cluster_slots),
+            *d_zeros = device_copy(owned, zeros), *d_budget = device_copy(owned, budget),
+            *d_tokens = device_copy(owned, tokens), *d_selected_offsets = device_copy(owned, selected_offsets),
+            *d_zone_offsets = device_copy(owned, zone_offsets), *d_list_offsets = device_copy(owned, list_offsets);
 
     // The Index of every copy: k-means over each (request, head, segment), a request at a time.
     std::vector<__nv_bfloat16*> pool(copies), q(copies), out(copies);
@@ -1198,12 +1168,12 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
             job_dir.push_back(s * record_groups);
           }
         sc::RetroInferClusterParams cp;
-        cp.page_ids = device_ints(owned, ids);
-        cp.page_offsets = device_ints(owned, offsets);
-        cp.first_page = device_ints(owned, first_page);
-        cp.head = device_ints(owned, head);
+        cp.page_ids = device_copy(owned, ids);
+        cp.page_offsets = device_copy(owned, offsets);
+        cp.first_page = device_copy(owned, first_page);
+        cp.head = device_copy(owned, head);
         cp.dir = d_dir;
-        cp.dir_offsets = device_ints(owned, job_dir);
+        cp.dir_offsets = device_copy(owned, job_dir);
         cp.num_jobs = jobs;
         cp.total_pages = static_cast<int>(ids.size());
         cp.cluster_tokens = cluster_tokens;
