@@ -743,11 +743,13 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
         }
       }
       list_off[items] = items * list_len;
-      int32_t *d_list = device_copy(owned, h_list), *d_list_off = device_copy(owned, list_off), *d_out_off = device_copy(owned, out_off),
-              *d_ntok = device_copy(owned, ntok), *d_need_off = device_copy(owned, need_off), *d_need_cnt = device_copy(owned, need_cnt),
+      int32_t *d_list = device_copy(owned, h_list), *d_list_off = device_copy(owned, list_off),
+              *d_out_off = device_copy(owned, out_off), *d_ntok = device_copy(owned, ntok),
+              *d_need_off = device_copy(owned, need_off), *d_need_cnt = device_copy(owned, need_cnt),
               *d_cache_groups = device_copy(owned, cache_groups), *d_cache_off = device_copy(owned, cache_off),
-              *d_host_groups = device_copy(owned, host_groups), *d_host_off = device_copy(owned, host_off), *d_dir = device_copy(owned, dir),
-              *d_dir_off = device_copy(owned, dir_off), *d_first = device_copy(owned, first), *d_end = device_copy(owned, end);
+              *d_host_groups = device_copy(owned, host_groups), *d_host_off = device_copy(owned, host_off),
+              *d_dir = device_copy(owned, dir), *d_dir_off = device_copy(owned, dir_off),
+              *d_first = device_copy(owned, first), *d_end = device_copy(owned, end);
       const size_t state_entries = static_cast<size_t>(batch) * groups_per_seq * heads;
       auto* d_slot_page = device_array<int32_t>(owned, state_entries);
       CHECK_CUDA(cudaMemset(d_slot_page, 0xff, state_entries * 4));
@@ -872,7 +874,8 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
         for (int p = 0; p < P; ++p) dense_ids[static_cast<size_t>(i) * P + p] = (s * P + p) * heads + h;
         dense_off[i + 1] = (i + 1) * P;
       }
-      int32_t *dd_ids = device_copy(owned, dense_ids), *dd_off = device_copy(owned, dense_off), *dd_tok = device_copy(owned, dense_tok);
+      int32_t *dd_ids = device_copy(owned, dense_ids), *dd_off = device_copy(owned, dense_off),
+              *dd_tok = device_copy(owned, dense_tok);
       sc::PagedDecodeParams dp = ap;
       dp.kv_pool = full;
       dp.page_ids = dd_ids;
