@@ -27,7 +27,8 @@
 // order), and a thread per item takes the count.
 //
 // Estimate: blocks of (split, item), a warp per zone cluster; the warp's lanes place 32 members at
-// once, the values of those on attended pages are subtracted, and each warp keeps an online softmax
+// once, the values of those on attended pages are subtracted (their rows found by the lanes at once,
+// read four at a time), and each warp keeps an online softmax
 // per query head; a second pass merges the splits and the attention's output.
 namespace spin::cuda {
 
@@ -754,6 +755,33 @@ __device__ void build_selected_ranks(const SelectedRanks& t, int words, const in
   __syncthreads();
 }
 
+// Subtracts from `sum` (lanes over dims: lane + 32 e) the rows of D bf16 values that the lanes set
+// in `rows` point to with `row_at`, in lane order, four rows' loads in flight at a time.
+template <int V>
+__device__ __forceinline__ void subtract_lane_rows(float (&sum)[V], unsigned rows, unsigned long long row_at) {
+  const int lane = threadIdx.x % 32;
+  while (rows) {
+    float x[4][V];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool has = rows != 0;  // the same in every lane
+      const int src = has ? __ffs(rows) - 1 : 0;
+      rows &= rows - 1;
+      const auto* row = reinterpret_cast<const bf16*>(__shfl_sync(kFull, row_at, src));
+#pragma unroll
+      for (int e = 0; e < V; ++e) x[u][e] = 0.0f;
+      if (has) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) x[u][e] = __bfloat162float(row[lane + 32 * e]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int e = 0; e < V; ++e) sum[e] -= x[u][e];
+  }
+}
+
 // Block (split, item): the zone clusters z = split * kWarps + warp (+ splits * kWarps ...), one per
 // warp at a time. The lanes take 32 members at once and find where each one's page sits in the
 // attention list (selected pages by the block's rank table, or by binary search for an item with
@@ -823,17 +851,16 @@ __global__ void __launch_bounds__(kThreads) retro_estimate_partial_kernel(RetroI
           at = first + j;
         }
       }
-      unsigned attended = __ballot_sync(kFull, at >= 0);
-      missing -= __popc(attended);
-      while (attended) {
-        const int src = __ffs(attended) - 1;
-        attended &= attended - 1;
-        const int tt = __shfl_sync(kFull, t, src), aa = __shfl_sync(kFull, at, src);
-        const int32_t page = list[aa] >= 0 || !fills ? list[aa] : fills[aa];
-        const bf16* v = p.records.kv_pool + page * page_elems + int64_t{ps} * D + (tt % ps) * D;
-#pragma unroll
-        for (int e = 0; e < V; ++e) vsum[e] -= __bfloat162float(v[lane + 32 * e]);
+      // Each lane finds its attended member's value row at once; the warp reads them in fours.
+      unsigned long long row = 0;
+      if (at >= 0) {
+        const int32_t page = list[at] >= 0 || !fills ? list[at] : fills[at];
+        row = reinterpret_cast<unsigned long long>(p.records.kv_pool + page * page_elems + int64_t{ps} * D +
+                                                   (t % ps) * D);
       }
+      const unsigned attended = __ballot_sync(kFull, at >= 0);
+      missing -= __popc(attended);
+      subtract_lane_rows(vsum, attended, row);
     }
     if (missing == 0) continue;
     const float log_size = logf(static_cast<float>(missing));
