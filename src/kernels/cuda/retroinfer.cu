@@ -27,9 +27,9 @@
 // order), and a thread per item takes the count.
 //
 // Estimate: blocks of (split, item), a warp per zone cluster; the warp's lanes place 32 members at
-// once, the values of those on attended pages are subtracted (their rows found by the lanes at once,
-// read four at a time), and each warp keeps an online softmax
-// per query head; a second pass merges the splits and the attention's output.
+// once, the values of those on attended pages are subtracted (their rows found by the lanes at
+// once, read four at a time), and each warp keeps an online softmax per query head; a second pass
+// merges the splits and the attention's output.
 namespace spin::cuda {
 
 namespace {

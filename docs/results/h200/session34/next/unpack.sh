@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
-# Sourced first by callA.sh / callB.sh: unpacks the gzipped builds carried in .gpu-bin/gz/<build>/
-# (gzip keeps five builds under the 64 MiB a call carries) into .gpu-bin/<build>/, and base's
-# into .gpu-bin/bin/ (where scripts/gpu-runs.sh looks). The builds, from session 34's working tree:
-#   base  = main at the end of session 34
-#   retro = branch wip/retro-estimate-rows (RetroInfer's estimation reads attended rows four at a time)
-#   gemv  = branch wip/gemv (decode-sized products on kernels/cuda/gemv.h's kernel)
-#   both  = both branches together (its spin_gpu_tests covers both changes)
+# Sourced first by the device call scripts (session34/next/callA.sh and callB.sh, session35/callA.sh,
+# session36/call3.sh): unpacks the gzipped builds carried in .gpu-bin/gz/<build>/ (gzip keeps several
+# builds under the 64 MiB a call carries) into .gpu-bin/<build>/, and base's into .gpu-bin/bin/
+# (where scripts/gpu-runs.sh looks). Each call script's header says which builds it expects.
 for f in .gpu-bin/gz/*/*.gz; do
   v=$(basename "$(dirname "$f")")
   mkdir -p .gpu-bin/$v
