@@ -99,6 +99,7 @@ struct BenchArgs {
   int repeats = 3;
   int threads = 0;
   bool cuda_graphs = true;
+  std::optional<int64_t> gemv_rows;  // cuda: products of at most this many rows on gemv.h (unset: the model's default)
   std::string gemm_tuning;  // cuda, one GPU: the cuBLASLt tuning file (model/gemm_tuning.h)
   double gpu_memory_utilization = 0.9;
   int tensor_parallel_size = 1;
@@ -472,6 +473,7 @@ void run_cuda(const BenchArgs& a) {
   spin::CudaModelOptions options;
   options.cuda_graphs = a.cuda_graphs;
   options.gemm_tuning_file = a.gemm_tuning;
+  if (a.gemv_rows) options.gemv_rows = *a.gemv_rows;
   options.max_batch_tokens = std::max(a.prefill_chunk, max_batch);
   options.max_sequences = max_batch;
   const auto load_start = clock_type::now();
@@ -551,6 +553,8 @@ void run_cuda(const BenchArgs& a) {
   std::printf("## %s on %d x %s (bf16, CUDA graphs %s, tensor parallel %d)\n\n", loaded.name.c_str(), world,
               prop.name, a.cuda_graphs ? "on" : "off", world);
   std::printf("| measurement | value |\n|---|---|\n");
+  std::printf("| products of at most %lld rows (decode steps of that batch) | kernels/cuda/gemv.h |\n",
+              static_cast<long long>(options.gemv_rows));
   std::printf("| weights (bf16, per GPU) | %.2f GB (made in %.1f s) |\n", ranks.front()->weight_bytes() / 1e9,
               load_seconds);
   std::printf("| KV pool (per GPU) | %.2f GB, %lld tokens of one sequence |\n", factory.pool_bytes() / 1e9,
@@ -913,6 +917,9 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", a.repeats, "repeats (median reported)")->capture_default_str();
   app.add_option("--threads", a.threads, "cpu: threads (default: all cores)");
   app.add_flag("--cuda-graphs,!--no-cuda-graphs", a.cuda_graphs, "cuda: replay decode steps as CUDA graphs");
+  app.add_option("--gemv-rows", a.gemv_rows,
+                 "cuda: products of at most this many rows (decode steps of that batch) run kernels/cuda/gemv.h's "
+                 "kernel, larger ones cuBLASLt; 0: all cuBLASLt (default: the model's, model/cuda/gemm.h)");
   app.add_option("--gemm-tuning", a.gemm_tuning,
                  "cuda, one GPU: cuBLASLt tuning file for decode-sized products (timed on first use, then reused)");
   app.add_flag("--download-logits", a.download_logits,

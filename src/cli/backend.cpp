@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/module_loading.h"
 #include "model/cuda/cuda_model.h"
 #endif
@@ -162,6 +163,7 @@ Backend make_cuda_backend(Backend b, const LoadOptions& load, const BackendOptio
   CudaModelOptions model_options;
   model_options.cuda_graphs = options.cuda_graphs;
   model_options.gemm_tuning_file = options.gemm_tuning_file;
+  if (options.gemv_rows) model_options.gemv_rows = *options.gemv_rows;
   model_options.max_batch_tokens = engine.max_num_batched_tokens;
   model_options.max_sequences = engine.max_num_seqs;
   if (options.tensor_parallel_size > 1) {
@@ -229,6 +231,12 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   }
   SPIN_CHECK(options.gemm_tuning_file.empty() || (b.device == "cuda" && options.tensor_parallel_size == 1),
              "--gemm-tuning tunes the products of one GPU: it needs --device cuda and no tensor parallelism");
+  SPIN_CHECK(!options.gemv_rows || b.device == "cuda",
+             "--gemv-rows chooses a GPU's product kernel: it needs --device cuda");
+#ifdef SPIN_WITH_CUDA
+  SPIN_CHECK(!options.gemv_rows || (*options.gemv_rows >= 0 && *options.gemv_rows <= cuda::kMaxGemvRows),
+             "--gemv-rows must be 0 to {}", cuda::kMaxGemvRows);
+#endif
   b.model = std::make_unique<LoadedModel>(load_model(load));
   check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);
   EngineConfig engine = engine_flags;

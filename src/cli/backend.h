@@ -6,7 +6,9 @@
 // a model, so each gets the same flags and the same choice.
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "engine/attention_factory.h"
@@ -22,6 +24,9 @@ struct BackendOptions {
   double gpu_memory_utilization = 0.9;  // CUDA: share of GPU memory for weights, activations and KV
   bool cuda_graphs = true;              // CUDA: replay decode steps as CUDA graphs
   std::string gemm_tuning_file;         // CUDA, one GPU: measured cuBLASLt choices (model/gemm_tuning.h)
+  // CUDA: products of at most this many rows run kernels/cuda/gemv.h's kernel (0: all cuBLASLt, one
+  // product path for every batch size); unset: CudaModelOptions' default.
+  std::optional<int64_t> gemv_rows;
   // --tensor-parallel-size: ranks each layer is split over (model/tensor_parallel.h); CPU: threads
   // of this process, CUDA: GPUs 0..N-1, one rank each, joined by NCCL.
   int tensor_parallel_size = 1;

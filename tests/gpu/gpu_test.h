@@ -2,6 +2,7 @@
 // Shared by the GPU tests: checked CUDA calls, a fixture that skips where no GPU exists (CI
 // compiles these tests; scripts/gpu-check.sh runs them on the H200), one that also seeds fresh
 // random inputs, and a poisoned device array.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -76,5 +77,8 @@ class DeviceArray {
   size_t n_ = 0;
   cudaError_t status_ = cudaSuccess;
 };
+
+// A bf16 array kept as its bits (base/half.h's conversions work on uint16_t), as the kernels take it.
+inline __nv_bfloat16* bf16_ptr(const DeviceArray<uint16_t>& a) { return reinterpret_cast<__nv_bfloat16*>(a.get()); }
 
 }  // namespace spin

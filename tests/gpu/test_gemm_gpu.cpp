@@ -1,7 +1,9 @@
 // The forward pass's products (model/cuda/gemm.h) against a double-precision reference on the same
-// bf16 inputs, with and without a tuning file, and the tuning file's life cycle: decode-sized
-// shapes are timed once and stored, a second runner reuses them without rewriting the file, larger
-// shapes are never stored, and another GPU's table is kept.
+// bf16 inputs, with and without a tuning file (1 and kDefaultGemvRows rows run kernels/cuda/gemv.h's
+// kernel, 16 and 96 cuBLASLt), and the tuning file's life cycle: cuBLASLt's decode-sized shapes
+// are timed once and stored, a second runner reuses them without rewriting the file, larger shapes
+// and the products gemv.h runs (up to the runner's gemv_rows) are never stored, and another GPU's
+// table is kept.
 // Tolerance: max |gpu - ref| / max(|ref|, 0.05 * rms(ref)) <= 1e-3 for fp32 output (fp32 sums of
 // exact bf16 products) and 1e-2 for bf16 output (its rounding alone gives <= 2^-9).
 #include <cuda_runtime.h>
@@ -18,8 +20,10 @@
 #include <vector>
 
 #include "../cpp/test_files.h"
+#include "base/error.h"
 #include "base/half.h"
 #include "base/mapped_file.h"
+#include "kernels/cuda/gemv.h"
 #include "model/cuda/gemm.h"
 
 namespace spin {
@@ -94,7 +98,8 @@ TEST_F(GpuGemm, TunedAndUntunedProductsMatchTheReference) {
   TempDir dir("gemm_gpu_");
   GemmRunner plain;
   GemmRunner tuned(dir.path() / "tuning.json");
-  for (const int64_t rows : {int64_t{1}, int64_t{8}, kMaxRows}) {
+  static_assert(16 > cuda::kMaxGemvRows);
+  for (const int64_t rows : {int64_t{1}, GemmRunner::kDefaultGemvRows, int64_t{16}, kMaxRows}) {
     const std::vector<double> ref = reference(rows);
     for (const bool float_output : {true, false}) {
       const double tol = float_output ? 1e-3 : 1e-2;
@@ -105,8 +110,9 @@ TEST_F(GpuGemm, TunedAndUntunedProductsMatchTheReference) {
   const nlohmann::json saved = nlohmann::json::parse(read_text_file((dir.path() / "tuning.json").string()));
   ASSERT_EQ(saved["tables"].size(), 1u);
   const nlohmann::json& choices = saved["tables"][0]["choices"];
-  // 1 and 8 rows, each with both output types; the 96-row product is not decode-sized.
-  ASSERT_EQ(choices.size(), 4u) << saved.dump(1);
+  // 16 rows, with both output types: 1 and kDefaultGemvRows rows run gemv.h's kernel, and the 96-row
+  // product is not decode-sized.
+  ASSERT_EQ(choices.size(), 2u) << saved.dump(1);
   for (const auto& c : choices) {
     EXPECT_LE(c["rows"].get<int64_t>(), GemmRunner::kMaxTunedRows);
     EXPECT_GT(c["us"].get<double>(), 0.0);
@@ -115,19 +121,41 @@ TEST_F(GpuGemm, TunedAndUntunedProductsMatchTheReference) {
   }
 }
 
+// A runner's gemv_rows is the largest product gemv.h's kernel runs: above it (and everywhere at 0)
+// cuBLASLt runs it, timed and stored like any other decode-sized shape.
+TEST_F(GpuGemm, ProductsAboveGemvRowsRunCublasLt) {
+  for (const int64_t gemv_rows : {int64_t{0}, int64_t{2}}) {
+    TempDir dir("gemm_gpu_");
+    GemmRunner gemm(dir.path() / "tuning.json", gemv_rows);
+    for (const int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}})
+      for (const bool float_output : {true, false})
+        EXPECT_LE(max_error(product(gemm, rows, float_output), reference(rows)), float_output ? 1e-3 : 1e-2)
+            << rows << " rows, gemv_rows " << gemv_rows;
+    const nlohmann::json saved = nlohmann::json::parse(read_text_file((dir.path() / "tuning.json").string()));
+    std::vector<int64_t> stored;
+    for (const auto& c : saved["tables"][0]["choices"]) stored.push_back(c["rows"].get<int64_t>());
+    std::sort(stored.begin(), stored.end());
+    const std::vector<int64_t> expected =
+        gemv_rows == 0 ? std::vector<int64_t>{1, 1, 2, 2, 3, 3} : std::vector<int64_t>{3, 3};
+    EXPECT_EQ(stored, expected) << "gemv_rows " << gemv_rows << ": " << saved.dump(1);
+  }
+  for (const int64_t gemv_rows : {int64_t{-1}, cuda::kMaxGemvRows + 1})
+    EXPECT_THROW(GemmRunner({}, gemv_rows), Error) << gemv_rows;
+}
+
 TEST_F(GpuGemm, StoredChoicesAreReusedWithoutRewriting) {
   TempDir dir("gemm_gpu_");
   const auto path = dir.path() / "tuning.json";
   {
     GemmRunner first(path);
-    product(first, 1, false);
+    product(first, 16, false);
   }
   const std::string before = read_text_file(path.string());
-  ASSERT_NE(before.find("\"rows\": 1"), std::string::npos) << before;
+  ASSERT_NE(before.find("\"rows\": 16"), std::string::npos) << before;
   GemmRunner second(path);
-  EXPECT_LE(max_error(product(second, 1, false), reference(1)), 1e-2);
+  EXPECT_LE(max_error(product(second, 16, false), reference(16)), 1e-2);
   EXPECT_EQ(read_text_file(path.string()), before);  // no shape was timed again
-  product(second, 2, false);      // a new shape is added beside the stored one
+  product(second, 24, false);     // a new shape is added beside the stored one
   const nlohmann::json saved = nlohmann::json::parse(read_text_file(path.string()));
   EXPECT_EQ(saved["tables"][0]["choices"].size(), 2u);
 }
@@ -137,7 +165,7 @@ TEST_F(GpuGemm, AnotherGpusTableIsKept) {
   const nlohmann::json other = {{"hardware", "Other GPU / cuBLASLt 1"}, {"choices", nlohmann::json::array()}};
   const auto path = dir.write("tuning.json", nlohmann::json{{"format", "spin-gemm-tuning/1"}, {"tables", {other}}}.dump());
   GemmRunner gemm(path);
-  product(gemm, 1, true);
+  product(gemm, 16, true);
   const nlohmann::json saved = nlohmann::json::parse(read_text_file(path.string()));
   ASSERT_EQ(saved["tables"].size(), 2u);
   EXPECT_EQ(saved["tables"][0], other);

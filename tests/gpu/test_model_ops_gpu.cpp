@@ -26,10 +26,6 @@
 namespace spin {
 namespace {
 
-__nv_bfloat16* bf16_ptr(const DeviceArray<uint16_t>& a) {
-  return reinterpret_cast<__nv_bfloat16*>(a.get());
-}
-
 std::vector<float> to_float(const std::vector<uint16_t>& v) {
   std::vector<float> f(v.size());
   for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);

@@ -124,7 +124,9 @@ def test_startup_errors_end_the_process():
     for args, message in [(["--model", "/nonexistent/model.gguf"], "model not found"),
                           (["--model", "tiny-llama", "--load-format", "dummy", "--max-num-seqs", "0"], "--max-num-seqs"),
                           (["--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--gemm-tuning",
-                            "/nonexistent/tuning.json"], "--gemm-tuning tunes the products of one GPU")]:
+                            "/nonexistent/tuning.json"], "--gemm-tuning tunes the products of one GPU"),
+                          (["--model", "tiny-llama", "--load-format", "dummy", "--device", "cpu", "--gemv-rows", "0"],
+                           "--gemv-rows chooses a GPU's product kernel")]:
         expect_startup_error(args, message)
 
 

@@ -95,7 +95,7 @@ CudaModel::CudaModel(const ModelConfig& config, const CudaModelOptions& options,
   SPIN_CHECK(options_.communicator == nullptr || options_.gemm_tuning_file.empty(),
              "a GEMM tuning file is for one GPU; it cannot be used with tensor parallelism");
   cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream creation");
-  gemm_.emplace(options_.gemm_tuning_file);
+  gemm_.emplace(options_.gemm_tuning_file, options_.gemv_rows);
   q_width_ = config_.n_heads * config_.head_dim;
   kv_width_ = config_.n_kv_heads * config_.head_dim;
   qkv_width_ = q_width_ + 2 * kv_width_;

@@ -64,6 +64,9 @@ struct CudaModelOptions {
   // Measured cuBLASLt choices for decode-sized products, read and extended here (gemm.h). Empty:
   // the heuristic's picks. One GPU only: tuning allocates mid-step, which ranks_ready forbids.
   std::filesystem::path gemm_tuning_file;
+  // Products of at most this many rows (a small decode batch's, a few logit rows) run on
+  // kernels/cuda/gemv.h's kernel, every larger one on cuBLASLt; 0: all on cuBLASLt (gemm.h).
+  int64_t gemv_rows = GemmRunner::kDefaultGemvRows;
 };
 
 class CudaModel final : public ForwardModel {

@@ -7,6 +7,8 @@
 #include <string>
 #include <system_error>
 
+#include "kernels/cuda/gemv.h"
+
 namespace spin {
 
 namespace {
@@ -47,7 +49,12 @@ struct EventPair {
 
 }  // namespace
 
-GemmRunner::GemmRunner(const std::filesystem::path& tuning_file) : workspace_(kWorkspaceBytes, "cuBLASLt workspace") {
+static_assert(GemmRunner::kDefaultGemvRows <= cuda::kMaxGemvRows);
+
+GemmRunner::GemmRunner(const std::filesystem::path& tuning_file, int64_t gemv_rows)
+    : gemv_rows_(gemv_rows), workspace_(kWorkspaceBytes, "cuBLASLt workspace") {
+  SPIN_CHECK(gemv_rows >= 0 && gemv_rows <= cuda::kMaxGemvRows, "gemv rows must be 0 to {}, not {}",
+             cuda::kMaxGemvRows, gemv_rows);
   lt_check(cublasLtCreate(&handle_), "cublasLtCreate");
   if (tuning_file.empty()) return;
   try {
@@ -245,6 +252,14 @@ std::vector<float> GemmRunner::time_candidates(const Plan& p, int64_t in_feature
 void GemmRunner::run(const void* a, const __nv_bfloat16* w, void* out, int64_t rows, int64_t out_features,
                      int64_t in_features, cudaDataType_t out_type, cudaStream_t stream) {
   if (rows == 0) return;
+  if (rows <= gemv_rows_ && cuda::gemv_fits(a, w, rows, out_features, in_features)) {
+    const auto* x = static_cast<const __nv_bfloat16*>(a);
+    cuda_check(out_type == CUDA_R_32F
+                   ? cuda::gemv_nt(x, w, static_cast<float*>(out), rows, out_features, in_features, stream)
+                   : cuda::gemv_nt(x, w, static_cast<__nv_bfloat16*>(out), rows, out_features, in_features, stream),
+               "decode-sized product");
+    return;
+  }
   const Plan& p = plan(rows, out_features, in_features, out_type, a, w, out, stream);
   const float alpha = 1.0f, beta = 0.0f;
   lt_check(cublasLtMatmul(handle_, p.op, &alpha, w, p.w, a, p.a, &beta, out, p.out, out, p.out, &p.algo,

@@ -5,9 +5,16 @@
 // cublasLtMatmul call per product and can be captured in a CUDA graph (fixed workspace, no
 // allocation).
 //
-// With a tuning file (model/gemm_tuning.h), a decode-sized product (at most kMaxTunedRows rows)
-// runs the fastest of the heuristic's first kCandidates algorithms where it beats the first pick
-// by a margin: timed once, on the first product of that shape with the real operands, then
+// A product of at most the runner's gemv_rows rows (a decode step of that batch) whose operands
+// kernels/cuda/gemv.h takes runs that kernel instead: it streams the weights at HBM speed and
+// starts loading them while the kernel before it finishes (1.03-1.07x a dense step at batch 1 and
+// 2 on an H100; slower from 3 rows on, hence kDefaultGemvRows).
+// It sums in another order than cuBLASLt, so a row's product can differ by a rounding between a
+// step small enough for it and a larger one.
+//
+// With a tuning file (model/gemm_tuning.h), a larger decode-sized product (at most kMaxTunedRows
+// rows) runs the fastest of the heuristic's first kCandidates algorithms where it beats the first
+// pick by a margin: timed once, on the first product of that shape with the real operands, then
 // stored in the file and reused by later runs.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -30,8 +37,13 @@ class GemmRunner {
   static constexpr int64_t kMaxTunedRows = 64;
   static constexpr int kCandidates = 8;
 
-  // `tuning_file` empty: the heuristic's first pick for every shape.
-  explicit GemmRunner(const std::filesystem::path& tuning_file = {});
+  // Products of at most this many rows run gemv.h's kernel unless the runner is told otherwise.
+  static constexpr int64_t kDefaultGemvRows = 2;
+
+  // `tuning_file` empty: the heuristic's first pick for every shape. `gemv_rows` (0 to
+  // cuda::kMaxGemvRows, else spin::Error): products of at most that many rows run
+  // gemv.h's kernel; 0: every product runs cuBLASLt.
+  explicit GemmRunner(const std::filesystem::path& tuning_file = {}, int64_t gemv_rows = kDefaultGemvRows);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
@@ -69,6 +81,7 @@ class GemmRunner {
            int64_t in_features, cudaDataType_t out_type, cudaStream_t stream);
   static void destroy(Plan& p);
 
+  int64_t gemv_rows_ = kDefaultGemvRows;
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer<char> workspace_;
   std::map<Key, Plan> plans_;
