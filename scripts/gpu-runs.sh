@@ -6,8 +6,21 @@
 #   ncu_bench NAME TIMEOUT STEPS ARGS...      the same under ncu, profiling the benchmark's timed
 #                                             steps only (STEPS = --decode-tokens x --repeats);
 #                                             $OUT/NAME.csv, then bench/gpu/ncu_summary.py's table
+#   wrap NAME BUILD ARGS...                   .gpu-bin/NAME/spin_bench_model: BUILD's, ARGS first
+#                                             (one build, two settings, for an A/B)
+#   ab NAME BEFORE AFTER TIMEOUT ARGS...      scripts/gpu-ab.sh, one round: .gpu-bin/BEFORE's then
+#                                             .gpu-bin/AFTER's spin_bench_model with ARGS;
+#                                             $OUT/ab_NAME.{txt,md}; echoes its table's last rows
 # A run gets TIMEOUT seconds or what the call has left, and is skipped with under 30 s left.
+# Builds carried gzipped in .gpu-bin/gz/BUILD/ (several fit in what a call carries) are unpacked
+# into .gpu-bin/BUILD/ first.
 export CUDA_MODULE_LOADING=EAGER
+for gz in .gpu-bin/gz/*/*.gz; do
+  [ -e "$gz" ] || continue
+  mkdir -p ".gpu-bin/$(basename "$(dirname "$gz")")"
+  gunzip -c "$gz" >".gpu-bin/$(basename "$(dirname "$gz")")/$(basename "$gz" .gz)"
+done
+unset gz
 chmod +x .gpu-bin/*/* 2>/dev/null
 source scripts/gpu-deps-env.sh
 SPIN_CALL_END=$((SECONDS + ${1:-540}))
@@ -43,4 +56,25 @@ ncu_bench() {
     >"$OUT/$name.csv" 2>"$OUT/$name.err"
   echo "== $name exit $? in $((SECONDS - start)) s"
   python3 bench/gpu/ncu_summary.py --steps "$steps" "$OUT/$name.csv"
+}
+
+wrap() {
+  local name=$1 build=$2
+  shift 2
+  mkdir -p ".gpu-bin/$name"
+  printf '#!/usr/bin/env bash\nexec %s/.gpu-bin/%s/spin_bench_model %s "$@"\n' "$PWD" "$build" "$*" \
+    >".gpu-bin/$name/spin_bench_model"
+  chmod +x ".gpu-bin/$name/spin_bench_model"
+}
+
+ab() {
+  local name=$1 before=$2 after=$3 t start=$SECONDS
+  t=$(run_limit "$4")
+  shift 4
+  if [ "$t" -lt 30 ]; then echo "== $name skipped (time)"; return 0; fi
+  SPIN_AB_TIMEOUT=$((t / 2)) bash scripts/gpu-ab.sh ".gpu-bin/$before/spin_bench_model" \
+    ".gpu-bin/$after/spin_bench_model" 1 "$@" >"$OUT/ab_$name.txt" 2>&1
+  mv "$OUT/ab.md" "$OUT/ab_$name.md"
+  echo "== $name ($before -> $after) in $((SECONDS - start)) s"
+  tail -n 7 "$OUT/ab_$name.txt" | cut -c1-250
 }

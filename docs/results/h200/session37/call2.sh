@@ -11,33 +11,12 @@
 # Llama-3.1-8B at batch 1 2 and Qwen3-14B at batch 1 2 4; p2's GPU tests; the same A/Bs to p4, then
 # Llama's to w4; ncu per kernel and launch shape over 4 Llama batch-1 steps, cuBLASLt and p2.
 nvidia-smi -L
-for f in .gpu-bin/gz/*/*.gz; do
-  v=$(basename "$(dirname "$f")"); mkdir -p .gpu-bin/$v; gunzip -c "$f" > .gpu-bin/$v/$(basename "$f" .gz)
-done
 source scripts/gpu-runs.sh ${1:-330}
 T0=$SECONDS
-wrap() {  # NAME BUILD ARGS...: .gpu-bin/NAME/spin_bench_model runs BUILD's with ARGS first
-  local name=$1 build=$2
-  shift 2
-  mkdir -p .gpu-bin/$name
-  printf '#!/usr/bin/env bash\nexec %s/.gpu-bin/%s/spin_bench_model %s "$@"\n' "$PWD" "$build" "$*" \
-    > .gpu-bin/$name/spin_bench_model
-  chmod +x .gpu-bin/$name/spin_bench_model
-}
 wrap lt gemv8 --gemv-rows 0
 wrap w4 gemv8w4 --gemv-rows 8
 wrap gp2 p2 --gemv-rows 8
 wrap gp4 p4 --gemv-rows 8
-ab() {  # NAME BEFORE AFTER PER_RUN_LIMIT args...
-  local name=$1 before=$2 after=$3 t
-  t=$(run_limit $4); shift 4
-  [ "$t" -lt 30 ] && { echo "== $name skipped (time)"; return; }
-  SPIN_AB_TIMEOUT=$((t / 2)) bash scripts/gpu-ab.sh .gpu-bin/$before/spin_bench_model \
-    .gpu-bin/$after/spin_bench_model 1 "$@" \
-    > $OUT/ab_$name.txt 2>&1
-  mv $OUT/ab.md $OUT/ab_$name.md
-  echo "== $name ($before -> $after) at $((SECONDS - T0)) s"; tail -3 $OUT/ab_$name.txt | cut -c1-250
-}
 dense="--device cuda --load-format dummy --prefill 16 --decode-tokens 32 --repeats 3 --decode-context 32768"
 ab llama_p2 lt gp2 60 $dense --model llama-3.1-8b --batch 1 2
 ab qwen_p2 lt gp2 70 $dense --model qwen3-14b --batch 1 2 4
