@@ -17,6 +17,8 @@
 #include "kernels/cuda/gemv.h"
 #include "kernels/cuda/module_loading.h"
 #include "model/cuda/cuda_model.h"
+
+static_assert(spin::GemmRunner::kDefaultGemvRows == 2, "serve.cpp's help for --gemv-rows states the default");
 #endif
 
 namespace spin::cli {
