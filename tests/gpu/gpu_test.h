@@ -13,6 +13,8 @@
 #include <random>
 #include <vector>
 
+#include "base/half.h"
+
 #define CUDA_OK(expr)                                                             \
   do {                                                                            \
     const cudaError_t err_ = (expr);                                              \
@@ -41,6 +43,14 @@ class SeededGpuTest : public GpuTest {
     std::printf("seed %u\n", seed_);
     RecordProperty("seed", static_cast<int>(seed_ & 0x7fffffff));
     rng_.seed(seed_);
+  }
+
+  // n bf16 values (their bits, as base/half.h keeps them) drawn from N(0, stddev).
+  std::vector<uint16_t> random_bf16(size_t n, float stddev) {
+    std::normal_distribution<float> normal(0.0f, stddev);
+    std::vector<uint16_t> v(n);
+    for (uint16_t& x : v) x = f32_to_bf16(normal(rng_));
+    return v;
   }
 
   uint32_t seed_ = 0;

@@ -27,13 +27,6 @@ namespace {
 
 class GpuGemv : public SeededGpuTest<std::mt19937> {
  protected:
-  std::vector<uint16_t> random_bf16(size_t n, float sd) {
-    std::normal_distribution<float> normal(0.0f, sd);
-    std::vector<uint16_t> v(n);
-    for (auto& x : v) x = f32_to_bf16(normal(rng_));
-    return v;
-  }
-
   // Checks out[r][o] at got[r * stride + o] against the reference; with stride > n, column n
   // (poisoned) must be untouched.
   static void check(const std::vector<float>& got, int64_t stride, const std::vector<uint16_t>& a,

@@ -67,13 +67,6 @@ class GpuModelOps : public SeededGpuTest<std::mt19937> {
       }
     }
   }
-
-  std::vector<uint16_t> random_bf16(size_t n, float stddev) {
-    std::normal_distribution<float> dist(0.0f, stddev);
-    std::vector<uint16_t> v(n);
-    for (uint16_t& x : v) x = f32_to_bf16(dist(rng_));
-    return v;
-  }
 };
 
 // ---- embedding and row gather: exact copies ---------------------------------------------------
