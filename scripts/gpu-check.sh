@@ -3,7 +3,7 @@
 # builds spin for sm_90, runs every GPU test, runs the GPU kernel benchmarks (spin's kernels and
 # PyTorch SDPA on the same shapes), and prints a short table last (bench/gpu/report.py).
 # SPIN_GPU_BENCH=0 skips the benchmarks (=kernels or =model runs only that part);
-# SPIN_GPU_KERNELS=<dense|sparse|gather|prefill|step|overlap|retro> runs one kernel benchmark (default all; the
+# SPIN_GPU_KERNELS=<dense|sparse|gather|prefill|step|overlap|retro|products> runs one kernel benchmark (default all; the
 # PyTorch side runs with all only);
 # SPIN_GPU_FILTER=<gtest filter> runs only those GPU tests.
 # SPIN_GPU_PREBUILT=<dir> uses binaries built elsewhere (scripts/gpu-prebuild.sh: bin/, tests/)

@@ -4,9 +4,9 @@
 // (b) sparse decode over selected pages vs the same kernel over contiguous pages of equal bytes;
 // (c) retrieve gather host->device vs per-page cudaMemcpyAsync, cudaMemcpyBatchAsync and one bulk
 //     copy; (d) causal prefill attention over paged KV (rows `prefill`: the `bytes` column holds
-//     the causal FLOPs 2*2*heads*d*n^2/2 and `gbps` GFLOP/s). Timing: a CUDA graph of `reps_per_graph` calls rotating over input copies (so L2 holds
-//     none of them), warm-up replays (>= 3 and >= 50 ms), then the median over >= 25 timed
-//     replays with events.
+//     the causal FLOPs 2*2*heads*d*n^2/2 and `gbps` GFLOP/s). Timing: a CUDA graph of
+//     `reps_per_graph` calls rotating over input copies (so L2 holds none of them), warm-up
+//     replays (>= 3 and >= 50 ms), then the median over >= 25 timed replays with events.
 // (e) one layer's sparse decode step on the GPU (Quest scoring, top-k select, retrieve through
 //     the page cache, attention) against dense attention over the whole context and against the
 //     ideal envelope of SPEC.md (attention over the selected pages + the pages Belady's optimal
@@ -15,8 +15,11 @@
 //     the other half's weight products on a second stream (rows `overlap`; see bench_overlap).
 // (g) RetroInfer's decode-side work for one layer: its select side, the decode attention and the
 //     estimation, each alone and chained (rows `retro`; see bench_retro).
-// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap|retro] [CSV file|-] [FILTER]
-// (FILTER: dense and retro run only the configs whose name contains it, e.g. "B1 ctx32K", "B8").
+// (h) products: decode-sized products on gemv.h's kernel and on cuBLASLt (rows `product`; see
+//     bench_products).
+// Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap|retro|products] [CSV file|-] [FILTER]
+// (FILTER: dense, retro and products run only the configs whose name contains it, e.g. "B1 ctx32K",
+// "B8", "qwen3-14b o").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cuda/gather.h"
+#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/page_cache.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -58,7 +62,7 @@ constexpr float kWarmupMs = 50.0f;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs per graph >= 8x the 60 MB L2
 
 FILE* g_csv = nullptr;
-std::string g_only;  // dense, retro: run only configs containing this (argv[3]; empty: all)
+std::string g_only;  // dense, retro, products: run only configs containing this (argv[3]; empty: all)
 
 void emit(const std::string& bench, const std::string& config, const std::string& variant,
           double time_us, double bytes) {
@@ -1337,6 +1341,62 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
   }
 }
 
+// (h) decode-sized products: each product of a layer of Llama-3.1-8B and Qwen3-14B (and their
+// output heads) at 1 to 8 rows, through a GemmRunner that sends up to kMaxGemvRows rows to gemv.h's
+// kernel (variant "gemv_rows N"; larger products run cuBLASLt there too) and one that sends none
+// ("cublasLt"), and a device-to-device copy of the weights for the HBM's rate (its bytes count the
+// read and the write). Weights rotate over copies of at least kRotateBytes in all, so L2 holds none
+// of them between calls.
+void bench_products(cudaStream_t stream) {
+  struct Product {
+    const char* name;
+    int64_t out, in;
+  };
+  const Product products[] = {
+      {"llama-3.1-8b qkv", 6144, 4096},    {"llama-3.1-8b o", 4096, 4096},      {"llama-3.1-8b gate_up", 28672, 4096},
+      {"llama-3.1-8b down", 4096, 14336},  {"llama-3.1-8b head", 128256, 4096}, {"qwen3-14b qkv", 7168, 5120},
+      {"qwen3-14b o", 5120, 5120},         {"qwen3-14b gate_up", 34816, 5120},  {"qwen3-14b down", 5120, 17408},
+      {"qwen3-14b head", 151936, 5120}};
+  constexpr int64_t kRowCounts[] = {1, 2, 3, 4, 8}, kMaxRows = 8;
+  spin::GemmRunner on_gemv({}, spin::cuda::kMaxGemvRows), on_cublas({}, 0);
+  const std::string gemv_variant = "gemv_rows " + std::to_string(spin::cuda::kMaxGemvRows);
+  for (const Product& p : products) {
+    if (!g_only.empty() && std::string(p.name).find(g_only) == std::string::npos) continue;
+    const size_t w_elems = static_cast<size_t>(p.out * p.in), w_bytes = 2 * w_elems;
+    const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + w_bytes - 1) / w_bytes));
+    std::vector<__nv_bfloat16*> w(copies);
+    for (int c = 0; c < copies; ++c) {
+      CHECK_CUDA(cudaMalloc(&w[c], w_bytes));
+      fill(w[c], w_elems, 20 + c);
+    }
+    __nv_bfloat16 *x, *y;
+    CHECK_CUDA(cudaMalloc(&x, size_t{2} * kMaxRows * p.in));
+    CHECK_CUDA(cudaMalloc(&y, size_t{2} * kMaxRows * p.out));
+    fill(x, static_cast<size_t>(kMaxRows * p.in), 19);
+    const int calls = 2 * copies;
+    for (const int64_t rows : kRowCounts) {
+      const std::string config = std::string(p.name) + " rows" + std::to_string(rows);
+      const double bytes = static_cast<double>(w_bytes) + 2.0 * rows * (p.in + p.out);
+      for (const auto& side : {std::pair{gemv_variant, &on_gemv}, {std::string("cublasLt"), &on_cublas}}) {
+        spin::GemmRunner* runner = side.second;
+        runner->matmul_nt(x, w[0], y, rows, p.out, p.in, stream);  // cuBLASLt's choice, outside the capture
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        emit("product", config, side.first, time_graph(stream, calls, [&](int i) {
+               runner->matmul_nt(x, w[i % copies], y, rows, p.out, p.in, stream);
+             }),
+             bytes);
+      }
+    }
+    emit("product", p.name, "weights copy (read + write)", time_graph(stream, calls, [&](int i) {
+           CHECK_CUDA(cudaMemcpyAsync(w[(i + 1) % copies], w[i % copies], w_bytes, cudaMemcpyDeviceToDevice, stream));
+         }),
+         2.0 * static_cast<double>(w_bytes));
+    for (__nv_bfloat16* c : w) cudaFree(c);
+    cudaFree(x);
+    cudaFree(y);
+  }
+}
+
 int main(int argc, char** argv) {
   // Line by line even into a file: a run killed by its time limit keeps the rows it printed.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -1359,6 +1419,7 @@ int main(int argc, char** argv) {
   if (what == "all" || what == "step") bench_step(stream, rng);
   if (what == "all" || what == "overlap") bench_overlap(stream, rng);
   if (what == "all" || what == "retro") bench_retro(stream, rng);
+  if (what == "all" || what == "products") bench_products(stream);
   if (csv_path) std::fclose(g_csv);
   return 0;
 }

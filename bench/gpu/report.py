@@ -108,6 +108,19 @@ def main():
                   f"{us['sparse retrieve']} | {us['sparse attention']} | {us['sparse total']} | {us['ideal envelope']} | "
                   f"{ratio(total, ideal)} | {ratio(dense, total)} |")
 
+    product_configs = [c for c in dict.fromkeys(r["config"] for r in rows if r["bench"] == "product") if " rows" in c]
+    gemv = next((v for (b, _, v) in times if b == "product" and v.startswith("gemv_rows")), None)
+    if product_configs and gemv:
+        print(f"\n| decode-sized product (bf16) | {gemv} us | cuBLASLt us | cuBLASLt / {gemv} "
+              "| its GB/s / the weights copy's |")
+        print("|---|---|---|---|---|")
+        for c in product_configs:
+            g, lt = times.get(("product", c, gemv)), times.get(("product", c, "cublasLt"))
+            best = get("product", c, gemv)
+            copy = get("product", c.rsplit(" rows", 1)[0], "weights copy (read + write)")
+            us = {k: "n/a" if v is None else f"{v:.1f}" for k, v in (("g", g), ("lt", lt))}
+            print(f"| {c} | {us['g']} | {us['lt']} | {ratio(lt, g)} | {ratio(best, copy)} |")
+
 
 if __name__ == "__main__":
     main()
