@@ -13,7 +13,8 @@
 #                                             $OUT/ab_NAME.{txt,md}; echoes its table's last rows
 # A run gets TIMEOUT seconds or what the call has left, and is skipped with under 30 s left.
 # Builds carried gzipped in .gpu-bin/gz/BUILD/ (several fit in what a call carries) are unpacked
-# into .gpu-bin/BUILD/ first.
+# into .gpu-bin/BUILD/ first. A call returns at most 8 files from $OUT: when the script ends with
+# more there, they are bundled into $OUT/out.tar.gz.
 export CUDA_MODULE_LOADING=EAGER
 for gz in .gpu-bin/gz/*/*.gz; do
   [ -e "$gz" ] || continue
@@ -24,6 +25,16 @@ unset gz
 chmod +x .gpu-bin/*/* 2>/dev/null
 source scripts/gpu-deps-env.sh
 SPIN_CALL_END=$((SECONDS + ${1:-540}))
+
+pack_out() {
+  [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+  local n
+  n=$(find "$OUT" -type f | wc -l)
+  [ "$n" -gt 8 ] || return 0
+  tar -czf /tmp/spin-out.tar.gz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/spin-out.tar.gz "$OUT/out.tar.gz"
+  echo "== $n files in \$OUT, more than a call returns: bundled into out.tar.gz"
+}
+trap pack_out EXIT
 
 # Seconds a run may take: its own limit, or what the call has left.
 run_limit() {
