@@ -11,6 +11,11 @@
 #   ab NAME BEFORE AFTER TIMEOUT ARGS...      scripts/gpu-ab.sh, one round: .gpu-bin/BEFORE's then
 #                                             .gpu-bin/AFTER's spin_bench_model with ARGS;
 #                                             $OUT/ab_NAME.{txt,md}; echoes its table's last rows
+#   gpu_tests BUILD TIMEOUT [FILTER]          .gpu-bin/BUILD/spin_gpu_tests (gtest FILTER, default
+#                                             all) > $OUT/gpu_tests.txt; echoes failures, summary
+#   products TIMEOUT BUILD...                 each BUILD's spin_bench_gpu_kernels products >
+#                                             $OUT/products_BUILD.csv, then bench/gpu/
+#                                             products_compare.py's table of them
 # A run gets TIMEOUT seconds or what the call has left, and is skipped with under 30 s left.
 # Builds carried gzipped in .gpu-bin/gz/BUILD/ (several fit in what a call carries) are unpacked
 # into .gpu-bin/BUILD/ first. A call returns at most 8 files from $OUT: when the script ends with
@@ -88,4 +93,23 @@ ab() {
   mv "$OUT/ab.md" "$OUT/ab_$name.md"
   echo "== $name ($before -> $after) in $((SECONDS - start)) s"
   tail -n 7 "$OUT/ab_$name.txt" | cut -c1-250
+}
+
+gpu_tests() {
+  local build=$1 t start=$SECONDS
+  t=$(run_limit "$2")
+  timeout "$t" ".gpu-bin/$build/spin_gpu_tests" --gtest_brief=1 --gtest_filter="${3:-*}" >"$OUT/gpu_tests.txt" 2>&1
+  echo "== $build gpu tests exit $? in $((SECONDS - start)) s"
+  grep -a "FAILED\|Failure\|expected" "$OUT/gpu_tests.txt" | head -12
+  tail -n 3 "$OUT/gpu_tests.txt"
+}
+
+products() {
+  local t=$1 build
+  shift
+  for build in "$@"; do
+    timeout "$(run_limit "$t")" ".gpu-bin/$build/spin_bench_gpu_kernels" products "$OUT/products_$build.csv" >/dev/null 2>&1
+    echo "== products $build exit $?"
+  done
+  python3 bench/gpu/products_compare.py "$OUT" "$@"
 }

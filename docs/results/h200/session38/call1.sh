@@ -6,10 +6,7 @@
 # on an 80 GB card); Seer the same at batch 1. The sparse rows print the envelope of each side.
 nvidia-smi -L
 source scripts/gpu-runs.sh ${1:-480}
-T0=$SECONDS
-timeout 80 .gpu-bin/final/spin_gpu_tests --gtest_brief=1 > $OUT/gpu_tests.log 2>&1
-echo "== gpu tests exit $? in $((SECONDS - T0)) s"; grep -a "FAILED\|Failure" $OUT/gpu_tests.log | head -8
-tail -3 $OUT/gpu_tests.log
+gpu_tests final 80
 wrap lt final --gemv-rows 0
 dense="--device cuda --load-format dummy --prefill 16 --decode-tokens 32 --repeats 3 --decode-context 32768"
 ab dense_llama lt final 60 $dense --model llama-3.1-8b --batch 1 2

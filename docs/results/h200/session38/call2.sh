@@ -8,10 +8,7 @@
 # prefilled ledgers, cuBLASLt -> mma (--gemv-rows 8), batch 4 (8 on an H200).
 nvidia-smi -L
 source scripts/gpu-runs.sh ${1:-400}
-T0=$SECONDS
-timeout 80 .gpu-bin/mma/spin_gpu_tests --gtest_brief=1 > $OUT/gpu_tests.txt 2>&1
-echo "== mma gpu tests exit $? in $((SECONDS - T0)) s"; grep -a "FAILED\|Failure\|expected" $OUT/gpu_tests.txt | head -12
-tail -3 $OUT/gpu_tests.txt
+gpu_tests mma 80
 wrap lt final --gemv-rows 0
 wrap mma8 mma --gemv-rows 8
 dense="--device cuda --load-format dummy --prefill 16 --decode-tokens 32 --repeats 3 --decode-context 32768"

@@ -6,11 +6,7 @@
 # then Qwen3-14B.
 nvidia-smi -L
 source scripts/gpu-runs.sh ${1:-300}
-T0=$SECONDS
-timeout 60 .gpu-bin/mma2/spin_gpu_tests --gtest_brief=1 \
-  --gtest_filter='*Gemv*:*Gemm*:*BatchInvariant*:*Alone*' > $OUT/gpu_tests.txt 2>&1
-echo "== mma2 gpu tests exit $? in $((SECONDS - T0)) s"; grep -a "FAILED\|Failure\|expected" $OUT/gpu_tests.txt | head -12
-tail -3 $OUT/gpu_tests.txt
+gpu_tests mma2 60 '*Gemv*:*Gemm*:*BatchInvariant*:*Alone*'
 wrap lt final --gemv-rows 0
 wrap mma8 mma2 --gemv-rows 8
 dense="--device cuda --load-format dummy --prefill 16 --decode-tokens 32 --repeats 3 --decode-context 32768"

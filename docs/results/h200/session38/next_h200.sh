@@ -8,10 +8,7 @@
 # spin_gpu_tests); carry [".gpu-bin", ".gpu-deps"]. Usage: next_h200.sh [SECONDS, 540].
 nvidia-smi -L
 source scripts/gpu-runs.sh ${1:-540}
-T0=$SECONDS
-timeout 80 .gpu-bin/final/spin_gpu_tests --gtest_brief=1 > $OUT/gpu_tests.txt 2>&1
-echo "== gpu tests exit $? in $((SECONDS - T0)) s"; grep -a "FAILED\|Failure" $OUT/gpu_tests.txt | head -8
-tail -3 $OUT/gpu_tests.txt
+gpu_tests final 80
 wrap lt final --gemv-rows 0
 mkdir -p .gpu-bin/bin && ln -sf ../final/spin_bench_model .gpu-bin/bin/spin_bench_model
 dense="--device cuda --load-format dummy --prefill 16 --decode-tokens 32 --repeats 3 --decode-context 32768"
