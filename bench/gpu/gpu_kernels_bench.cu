@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <set>
@@ -1357,7 +1358,8 @@ void bench_products(cudaStream_t stream) {
       {"llama-3.1-8b down", 4096, 14336},  {"llama-3.1-8b head", 128256, 4096}, {"qwen3-14b qkv", 7168, 5120},
       {"qwen3-14b o", 5120, 5120},         {"qwen3-14b gate_up", 34816, 5120},  {"qwen3-14b down", 5120, 17408},
       {"qwen3-14b head", 151936, 5120}};
-  constexpr int64_t kRowCounts[] = {1, 2, 3, 4, 8}, kMaxRows = 8;
+  constexpr int64_t kRowCounts[] = {1, 2, 3, 4, 8};  // ascending
+  constexpr int64_t kMaxRows = kRowCounts[std::size(kRowCounts) - 1];
   spin::GemmRunner on_gemv({}, spin::cuda::kMaxGemvRows), on_cublas({}, 0);
   const std::string gemv_variant = "gemv_rows " + std::to_string(spin::cuda::kMaxGemvRows);
   for (const Product& p : products) {

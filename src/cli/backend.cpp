@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include "engine/cuda/cuda_paged_attention.h"
-#include "kernels/cuda/gemv.h"
 #include "kernels/cuda/module_loading.h"
 #include "model/cuda/cuda_model.h"
 
@@ -236,8 +235,7 @@ Backend make_backend(LoadOptions load, const BackendOptions& options, const Engi
   SPIN_CHECK(!options.gemv_rows || b.device == "cuda",
              "--gemv-rows chooses a GPU's product kernel: it needs --device cuda");
 #ifdef SPIN_WITH_CUDA
-  SPIN_CHECK(!options.gemv_rows || (*options.gemv_rows >= 0 && *options.gemv_rows <= cuda::kMaxGemvRows),
-             "--gemv-rows must be 0 to {}", cuda::kMaxGemvRows);
+  if (options.gemv_rows) GemmRunner::check_gemv_rows(*options.gemv_rows);
 #endif
   b.model = std::make_unique<LoadedModel>(load_model(load));
   check_tensor_parallel(b.model->weights.config, options.tensor_parallel_size);

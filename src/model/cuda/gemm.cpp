@@ -51,10 +51,14 @@ struct EventPair {
 
 static_assert(GemmRunner::kDefaultGemvRows <= cuda::kMaxGemvRows);
 
+void GemmRunner::check_gemv_rows(int64_t gemv_rows) {
+  SPIN_CHECK(gemv_rows >= 0 && gemv_rows <= cuda::kMaxGemvRows, "--gemv-rows must be 0 to {}, not {}",
+             cuda::kMaxGemvRows, gemv_rows);
+}
+
 GemmRunner::GemmRunner(const std::filesystem::path& tuning_file, int64_t gemv_rows)
     : gemv_rows_(gemv_rows), workspace_(kWorkspaceBytes, "cuBLASLt workspace") {
-  SPIN_CHECK(gemv_rows >= 0 && gemv_rows <= cuda::kMaxGemvRows, "gemv rows must be 0 to {}, not {}",
-             cuda::kMaxGemvRows, gemv_rows);
+  check_gemv_rows(gemv_rows);
   lt_check(cublasLtCreate(&handle_), "cublasLtCreate");
   if (tuning_file.empty()) return;
   try {

@@ -44,6 +44,8 @@ class GemmRunner {
   // cuda::kMaxGemvRows, else spin::Error): products of at most that many rows run
   // gemv.h's kernel; 0: every product runs cuBLASLt.
   explicit GemmRunner(const std::filesystem::path& tuning_file = {}, int64_t gemv_rows = kDefaultGemvRows);
+  // The constructor's check of `gemv_rows`, for callers that validate a flag before they load a model.
+  static void check_gemv_rows(int64_t gemv_rows);
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
