@@ -23,10 +23,11 @@
 export CUDA_MODULE_LOADING=EAGER
 for gz in .gpu-bin/gz/*/*.gz; do
   [ -e "$gz" ] || continue
-  mkdir -p ".gpu-bin/$(basename "$(dirname "$gz")")"
-  gunzip -c "$gz" >".gpu-bin/$(basename "$(dirname "$gz")")/$(basename "$gz" .gz)"
+  build=.gpu-bin/$(basename "$(dirname "$gz")")
+  mkdir -p "$build"
+  gunzip -c "$gz" >"$build/$(basename "$gz" .gz)"
 done
-unset gz
+unset gz build
 chmod +x .gpu-bin/*/* 2>/dev/null
 source scripts/gpu-deps-env.sh
 SPIN_CALL_END=$((SECONDS + ${1:-540}))
@@ -47,12 +48,17 @@ run_limit() {
   echo $((t < left ? t : left))
 }
 
-bench() {
-  local name=$1 t
+# Sets the caller's t to what run NAME may take (run_limit LIMIT); false, after saying so, with
+# under 30 s left.
+time_for() {
   t=$(run_limit "$2")
+  [ "$t" -ge 30 ] || { echo "== $1 skipped (time)"; return 1; }
+}
+
+bench() {
+  local name=$1 t start=$SECONDS
+  time_for "$name" "$2" || return 0
   shift 2
-  if [ "$t" -lt 30 ]; then echo "== $name skipped (time)"; return 0; fi
-  local start=$SECONDS
   timeout "$t" .gpu-bin/bin/spin_bench_model "$@" >"$OUT/$name.md" 2>&1
   echo "== $name exit $? in $((SECONDS - start)) s"
   grep -a '^| [0-9]\|rror\|^- batch' "$OUT/$name.md" | cut -c1-400
@@ -60,9 +66,8 @@ bench() {
 
 ncu_bench() {
   local name=$1 t steps=$3
-  t=$(run_limit "$2")
+  time_for "$name" "$2" || return 0
   shift 3
-  if [ "$t" -lt 30 ]; then echo "== $name skipped (time)"; return 0; fi
   local ncu
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   if [ -z "$ncu" ]; then echo "== $name: no ncu on this machine"; return 1; fi
@@ -85,9 +90,8 @@ wrap() {
 
 ab() {
   local name=$1 before=$2 after=$3 t start=$SECONDS
-  t=$(run_limit "$4")
+  time_for "$name" "$4" || return 0
   shift 4
-  if [ "$t" -lt 30 ]; then echo "== $name skipped (time)"; return 0; fi
   SPIN_AB_TIMEOUT=$((t / 2)) bash scripts/gpu-ab.sh ".gpu-bin/$before/spin_bench_model" \
     ".gpu-bin/$after/spin_bench_model" 1 "$@" >"$OUT/ab_$name.txt" 2>&1
   mv "$OUT/ab.md" "$OUT/ab_$name.md"
@@ -97,7 +101,7 @@ ab() {
 
 gpu_tests() {
   local build=$1 t start=$SECONDS
-  t=$(run_limit "$2")
+  time_for "$build gpu tests" "$2" || return 0
   timeout "$t" ".gpu-bin/$build/spin_gpu_tests" --gtest_brief=1 --gtest_filter="${3:-*}" >"$OUT/gpu_tests.txt" 2>&1
   echo "== $build gpu tests exit $? in $((SECONDS - start)) s"
   grep -a "FAILED\|Failure\|expected" "$OUT/gpu_tests.txt" | head -12
@@ -105,10 +109,11 @@ gpu_tests() {
 }
 
 products() {
-  local t=$1 build
+  local limit=$1 build t
   shift
   for build in "$@"; do
-    timeout "$(run_limit "$t")" ".gpu-bin/$build/spin_bench_gpu_kernels" products "$OUT/products_$build.csv" >/dev/null 2>&1
+    time_for "products $build" "$limit" || continue
+    timeout "$t" ".gpu-bin/$build/spin_bench_gpu_kernels" products "$OUT/products_$build.csv" >/dev/null 2>&1
     echo "== products $build exit $?"
   done
   python3 bench/gpu/products_compare.py "$OUT" "$@"
