@@ -12,10 +12,14 @@ namespace {
 using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// A block sums a group of kOuts outputs (rows of w) at a time, reading all R rows of a for them;
-// each thread has kDepth 16-byte pieces of each of those rows in flight.
-constexpr int kOuts = 4;
-constexpr int kDepth = 2;
+// A block sums a group of outs<R> outputs (rows of w) at a time, reading all R rows of a for them;
+// each thread has depth<R> 16-byte pieces of each of those rows in flight. A block reads every row
+// of a once a group, so from 3 rows on a group is six outputs one piece deep: fewer reads of a per
+// piece of w, about the same bytes of w in flight, and no spills (eight outputs spill).
+template <int R>
+constexpr int outs = R <= 2 ? 4 : 6;
+template <int R>
+constexpr int depth = R <= 2 ? 2 : 1;
 
 __device__ __forceinline__ float dot8(const uint4& x, const uint4& y, float acc) {
   const auto* xp = reinterpret_cast<const __nv_bfloat162*>(&x);
@@ -29,26 +33,36 @@ __device__ __forceinline__ float dot8(const uint4& x, const uint4& y, float acc)
   return acc;
 }
 
+// A piece of w, read once: kept out of L1, which then holds the rows of a that every group re-reads.
+__device__ __forceinline__ uint4 load_streaming(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16(v); }
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }
 
-// Thread t's pieces of round `base` (pieces base + d * kThreads + t, d < kDepth) of the rows of w
+// Thread t's pieces of round `base` (pieces base + d * kThreads + t, d < Depth) of the rows of w
 // that output group `group` covers (the last row repeated past n); zeros past the row's end.
-__device__ __forceinline__ void load_round(uint4 (&dst)[kDepth][kOuts], const bf16* w, int64_t group, int64_t n,
+template <int Depth, int Outs>
+__device__ __forceinline__ void load_round(uint4 (&dst)[Depth][Outs], const bf16* w, int64_t group, int64_t n,
                                            int64_t base, int64_t pieces) {
 #pragma unroll
-  for (int o = 0; o < kOuts; ++o) {
-    const auto* row = reinterpret_cast<const uint4*>(w + min(group * kOuts + o, n - 1) * (pieces * 8));
+  for (int o = 0; o < Outs; ++o) {
+    const auto* row = reinterpret_cast<const uint4*>(w + min(group * Outs + o, n - 1) * (pieces * 8));
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
+    for (int d = 0; d < Depth; ++d) {
       const int64_t j = base + d * kThreads + threadIdx.x;
-      dst[d][o] = j < pieces ? __ldg(row + j) : make_uint4(0, 0, 0, 0);
+      dst[d][o] = j < pieces ? load_streaming(row + j) : make_uint4(0, 0, 0, 0);
     }
   }
 }
 
-// Output groups of kOuts outputs, taken by the blocks in turn (block b: groups b, b + gridDim.x,
-// ...), each group's rows of w read in rounds of kDepth pieces a thread. A block loads the next
+// Output groups of outs<R> outputs, taken by the blocks in turn (block b: groups b, b + gridDim.x,
+// ...), each group's rows of w read in rounds of depth<R> pieces a thread. A block loads the next
 // round, of its group or its next group, before it sums the current one, so its loads stay in
 // flight through each group's closing reduction; the grid is sized to stay resident. Unlike the
 // other kernels `launch` runs, it reads w before wait_for_prior_grids(): no kernel writes the
@@ -56,6 +70,7 @@ __device__ __forceinline__ void load_round(uint4 (&dst)[kDepth][kOuts], const bf
 template <int R, typename Out>
 __global__ void __launch_bounds__(kThreads, 2) gemv_nt_kernel(const bf16* a, const bf16* w, Out* out, int64_t n,
                                                            int64_t k) {
+  constexpr int kOuts = outs<R>, kDepth = depth<R>;
   __shared__ float partial[2][kWarps][kOuts][R];
   const int64_t pieces = k / 8;
   const int64_t rounds = (pieces + kDepth * kThreads - 1) / (kDepth * kThreads);
@@ -82,11 +97,12 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_nt_kernel(const bf16* a, con
     const int64_t base = round * kDepth * kThreads;
 #pragma unroll
     for (int d = 0; d < kDepth; ++d) {
+      // No early exit past the row's end: the loads of a stay free to issue together, and the
+      // pieces of w there are zeros.
       const int64_t j = base + d * kThreads + threadIdx.x;
-      if (j >= pieces) break;
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint4 xr = x[r * pieces + j];
+        const uint4 xr = j < pieces ? x[r * pieces + j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int o = 0; o < kOuts; ++o) acc[o][r] = dot8(cur[d][o], xr, acc[o][r]);
       }
@@ -136,7 +152,7 @@ cudaError_t launch_rows(const bf16* a, const bf16* w, Out* out, int64_t rows, in
       per_sm = 1;
     return std::max(per_sm, 1) * multiprocessor_count();
   });
-  const int64_t groups = (n + kOuts - 1) / kOuts;
+  const int64_t groups = (n + outs<R> - 1) / outs<R>;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(groups, resident));
   return launch(gemv_nt_kernel<R, Out>, blocks, kThreads, 0, stream, a, w, out, n, k);
 }
