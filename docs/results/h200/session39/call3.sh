@@ -5,8 +5,8 @@
 # need: all GPU tests of land; dense A/Bs at 32K, cuBLASLt (--gemv-rows 0) -> land's default, batch
 # 1 2. On an H100: why a step of 3-4 rows loses on gemv.h while its products alone win at 3 rows
 # (call 2): cuBLASLt -> land at --gemv-rows 4, Llama-3.1-8B batch 3 4, with and without
-# programmatic launches (SPIN_PROGRAMMATIC_LAUNCH=0); then Seer over prefilled ledgers, cuBLASLt
-# -> land, batch 1. On an H200: issue 5's open rows there with land (the sparse envelope over
+# programmatic launches (SPIN_PROGRAMMATIC_LAUNCH=0), and each side's kernels under ncu at batch 3
+# (bench/gpu/ncu_summary.py's table: kernels alone, caches flushed). On an H200: issue 5's open rows there with land (the sparse envelope over
 # prefilled ledgers, Quest and Seer at batch 1 and 8).
 nvidia-smi -L
 source scripts/gpu-runs.sh ${1:-480}
@@ -27,6 +27,8 @@ else
   export SPIN_PROGRAMMATIC_LAUNCH=0
   ab llama_b34_plain lt l4 40 $dense --model llama-3.1-8b --batch 3 4
   unset SPIN_PROGRAMMATIC_LAUNCH
-  ab seer_ledger lt land 110 $ledger --sparse-algorithm seer --batch 1
+  short="--device cuda --load-format dummy --prefill 16 --decode-tokens 2 --repeats 1 --decode-context 32768"
+  ncu_bench ncu_llama_b3_lt 50 2 $short --model llama-3.1-8b --batch 3 --gemv-rows 0
+  ncu_bench ncu_llama_b3_l4 50 2 $short --model llama-3.1-8b --batch 3 --gemv-rows 4
 fi
 rm -f $OUT/ab_*.txt
