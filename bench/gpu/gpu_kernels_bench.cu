@@ -18,7 +18,7 @@
 // (h) products: decode-sized products on gemv.h's kernel and on cuBLASLt (rows `product`; see
 //     bench_products).
 // Usage: spin_bench_gpu_kernels [all|dense|sparse|gather|prefill|step|overlap|retro|products] [CSV file|-] [FILTER]
-// (FILTER: dense, retro and products run only the configs whose name contains it, e.g. "B1 ctx32K",
+// (FILTER: dense, step, retro and products run only the configs whose name contains it, e.g. "B1 ctx32K",
 // "B8", "qwen3-14b o").
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -63,7 +63,7 @@ constexpr float kWarmupMs = 50.0f;
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs per graph >= 8x the 60 MB L2
 
 FILE* g_csv = nullptr;
-std::string g_only;  // dense, retro, products: run only configs containing this (argv[3]; empty: all)
+std::string g_only;  // dense, step, retro, products: run only configs containing this (argv[3]; empty: all)
 
 void emit(const std::string& bench, const std::string& config, const std::string& variant,
           double time_us, double bytes) {
@@ -684,6 +684,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       const int chunks = P / sc::kSummaryChunkPages;
       char config[64];
       std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
+      if (!g_only.empty() && std::string(config).find(g_only) == std::string::npos) continue;
 
       // The whole context of every request: device pool (dense attention reads it and Quest
       // indexes it) and the same bytes in the host tier (pinned, mapped), page id p * heads + h

@@ -17,9 +17,11 @@
 #include "gpu_test.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -300,12 +302,14 @@ class GpuSelectTop : public GpuSparseSelect {
   }
 
   // counts[i] = -1 means "pick one at random in [0, n]".
+  // score() draws each candidate's score; by default random_score over a fresh pool.
   void check(const std::vector<int32_t>& first, const std::vector<int32_t>& end, int num_kv_heads,
-             int max_candidates, std::vector<int32_t> counts) {
+             int max_candidates, std::vector<int32_t> counts, std::function<float()> score = {}) {
     const int num_seqs = static_cast<int>(first.size());
     const int items = num_seqs * num_kv_heads;
     std::vector<float> pool(uniform(1, 60));
     for (float& v : pool) v = std::normal_distribution<float>(0.0f, 10.0f)(rng_);
+    if (!score) score = [&] { return random_score(pool); };
     std::vector<float> scores(size_t(items) * max_candidates);
     std::vector<int32_t> out_offsets(items);
     int32_t out_size = 0;
@@ -314,7 +318,7 @@ class GpuSelectTop : public GpuSparseSelect {
       float* row = scores.data() + size_t(i) * max_candidates;
       for (int j = 0; j < max_candidates; ++j)
         // Past the candidates: larger than any candidate, so reading them would show.
-        row[j] = j < n ? random_score(pool) : 1e30f;
+        row[j] = j < n ? score() : 1e30f;
       if (counts[i] < 0) counts[i] = uniform(0, n);
       out_offsets[i] = out_size;
       out_size += counts[i] + uniform(0, 3);  // gaps that must stay poisoned
@@ -397,6 +401,25 @@ TEST_F(GpuSelectTop, ExactTopKForEveryHeldKeyCount) {
     std::vector<int32_t> counts(first.size() * nkv, -1);
     counts[1] = std::max(0, end[0] - first[0] - 1);  // all but one
     for (int round = 0; round < 2; ++round) check(first, end, nkv, max_candidates, counts);
+  }
+}
+
+TEST_F(GpuSelectTop, ExactTopKOverNarrowScoreRanges) {
+  // Scores a few units in the last place apart, of one sign: their keys share all but their
+  // lowest bits, so the radix descent starts low (its first pass may count bits of the shared
+  // prefix again) and ties are many.
+  for (const int spread_bits : {1, 3, 7, 9, 12, 20}) {
+    SCOPED_TRACE("spread bits " + std::to_string(spread_bits));
+    const int max_candidates = uniform(700, 4096);
+    const std::vector<int32_t> first = {0, 9};
+    const std::vector<int32_t> end = {max_candidates, 9 + uniform(100, max_candidates - 9)};
+    const int nkv = 2;
+    std::vector<int32_t> counts(first.size() * nkv, -1);
+    const float base = uniform(0, 1) ? 3.75f : -1234.5f;
+    const uint32_t base_bits = std::bit_cast<uint32_t>(base);
+    check(first, end, nkv, max_candidates, counts, [&] {
+      return std::bit_cast<float>(base_bits + static_cast<uint32_t>(uniform(0, (1 << spread_bits) - 1)));
+    });
   }
 }
 

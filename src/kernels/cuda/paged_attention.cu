@@ -339,14 +339,19 @@ __global__ void __launch_bounds__(kThreads)
         vt[c][jp][2] = transpose8x8(component(t.v[1][c], 2 * jp));
         vt[c][jp][3] = transpose8x8(component(t.v[1][c], 2 * jp + 1));
       }
+    // Two chains of accumulation (one per half of each 32-dim chunk), summed at the end: a warp
+    // works through its tiles one after another, so each product's latency is on its path.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float s_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int c = 0; c < D / 32; ++c)
+    for (int c = 0; c < D / 32; ++c) {
+      mma_bf16(s, component(t.k[0][c], 0), component(t.k[1][c], 0), component(t.k[0][c], 1),
+               component(t.k[1][c], 1), component(qf[c], 0), component(qf[c], 1));
+      mma_bf16(s_hi, component(t.k[0][c], 2), component(t.k[1][c], 2), component(t.k[0][c], 3),
+               component(t.k[1][c], 3), component(qf[c], 2), component(qf[c], 3));
+    }
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        mma_bf16(s, component(t.k[0][c], 2 * h), component(t.k[1][c], 2 * h),
-                 component(t.k[0][c], 2 * h + 1), component(t.k[1][c], 2 * h + 1),
-                 component(qf[c], 2 * h), component(qf[c], 2 * h + 1));
+    for (int i = 0; i < 4; ++i) s[i] += s_hi[i];
     consumed();
     // s[e]: token tb+r, query t4*2+e; s[2+e]: token tb+r+8.
     const bool valid0 = tb + r < t_end;

@@ -24,10 +24,10 @@
 // the summaries' bytes (docs/results/gpu.md, session 32).
 //
 // Select: one block per item. An exact radix select, 8 bits per pass over order-preserving keys
-// of the scores (NaN lowest, -0 equal to +0), finds the k-th key and how many candidates at that
-// key to take; a last pass walks the candidates in index order and a block-wide prefix sum of
-// (above the key, at the key) gives each chosen candidate its output position, which is
-// ascending page order and takes the lowest pages among the ties.
+// of the scores (NaN lowest, -0 equal to +0) from the highest bit where they differ down, finds
+// the k-th key and how many candidates at that key to take; a block-wide prefix sum of (above the
+// key, at the key) over the candidates in index order gives each chosen one its output position,
+// which is ascending page order and takes the lowest pages among the ties.
 namespace spin::cuda {
 
 namespace {
@@ -157,15 +157,18 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kScoreBlocksPerSm) quest_sco
       a0[c] = __ldcs(row0 + c * 4);
       a8[c] = __ldcs(row8 + c * 4);
     }
+    // Two chains of accumulation (one per half of each 32-column slice), summed at the end.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float s_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
+    for (int c = 0; c < kChunks; ++c) {
+      const uint32_t lo[4] = {component(a0[c], 0), component(a8[c], 0), component(a0[c], 1), component(a8[c], 1)};
+      const uint32_t hi[4] = {component(a0[c], 2), component(a8[c], 2), component(a0[c], 3), component(a8[c], 3)};
+      mma_bf16(s, lo, component(qf[c], 0), component(qf[c], 1));
+      mma_bf16(s_hi, hi, component(qf[c], 2), component(qf[c], 3));
+    }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t a[4] = {component(a0[c], 2 * h), component(a8[c], 2 * h), component(a0[c], 2 * h + 1),
-                               component(a8[c], 2 * h + 1)};
-        mma_bf16(s, a, component(qf[c], 2 * h), component(qf[c], 2 * h + 1));
-      }
+    for (int i = 0; i < 4; ++i) s[i] += s_hi[i];
     // s: pages r and r + 8 against heads 2 t4 and 2 t4 + 1; the bound is the maximum over heads.
     const bool h0 = 2 * t4 < p.group, h1 = 2 * t4 + 1 < p.group;
     float m0 = fmaxf(h0 ? s[0] : -INFINITY, h1 ? s[1] : -INFINITY);
@@ -202,15 +205,19 @@ struct SelectShared {
     typename cub::BlockScan<uint64_t, kSelectThreads>::TempStorage flags;
   } scan;
   uint32_t histogram[kRadixBins];
+  uint32_t warp_max[kSelectThreads / 32];
+  uint32_t warp_min[kSelectThreads / 32];
   uint32_t prefix;
   uint32_t need;
   uint32_t in_bin;
 };
 
-// kHeld > 0: the item's keys sit in registers, kHeld per thread (striped: key j in thread
-// j % kSelectThreads), read once: a layer's select at small batches is a chain of block-wide
-// passes, and reloading the scores made each one wait on memory. 0 (over 8 keys per thread): each
-// pass reads them. 16 keys took 80 registers, one block per SM, and lost at batch 32.
+// kHeld > 0: the item's keys sit in registers, kHeld consecutive candidates per thread
+// (j = tid * kHeld + i), read once: a layer's select at small batches is a chain of block-wide
+// passes, and reloading the scores made each one wait on memory. Consecutive keys let one
+// block-wide scan place every chosen candidate. 0 (over 8 keys per thread): each pass reads them,
+// striped (key j in thread j % kSelectThreads), and a scan places a tile of them at a time. 16
+// keys took 80 registers, one block per SM, and lost at batch 32.
 template <int kHeld>
 __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopParams p) {
   enter_dependent_grid();
@@ -232,7 +239,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
   if constexpr (kHeld > 0) {
 #pragma unroll
     for (int i = 0; i < kHeld; ++i) {
-      const int32_t j = tid + i * kSelectThreads;
+      const int32_t j = tid * kHeld + i;
       held[i] = j < n ? rank_key(__ldg(scores + j)) : 0;
     }
   }
@@ -241,21 +248,46 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
     if constexpr (kHeld > 0) {
 #pragma unroll
       for (int i = 0; i < kHeld; ++i)
-        if (tid + i * kSelectThreads < n) f(held[i]);
+        if (tid * kHeld + i < n) f(held[i]);
     } else {
       for (int32_t j = tid; j < n; j += kSelectThreads) f(rank_key(__ldg(scores + j)));
     }
   };
 
+  // The bits above the highest one where the largest and smallest keys differ are the same in
+  // every key: the descent starts below them. Scores of one item tend to share their sign and top
+  // exponent bits, and a pass over shared bits counts every key into one bin, each count an
+  // atomic on the same word.
+  uint32_t key_max = 0, key_min = ~0u;
+  for_each_key([&](uint32_t key) {
+    key_max = max(key_max, key);
+    key_min = min(key_min, key);
+  });
+  key_max = __reduce_max_sync(0xffffffffu, key_max);
+  key_min = __reduce_min_sync(0xffffffffu, key_min);
+  if (tid % 32 == 0) {
+    sh.warp_max[tid / 32] = key_max;
+    sh.warp_min[tid / 32] = key_min;
+  }
+  for (int b = tid; b < kRadixBins; b += kSelectThreads) sh.histogram[b] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kSelectThreads / 32; ++w) {
+    key_max = max(key_max, sh.warp_max[w]);
+    key_min = min(key_min, sh.warp_min[w]);
+  }
+
   // Radix descent: after the pass at `shift`, `prefix` holds the top bits of the k-th largest key
   // (bits under `mask`) and `need` how many of the keys with that prefix still belong to the top k.
-  // Once the k-th key's bin is taken whole, the lower bits change nothing and the descent stops.
-  uint32_t prefix = 0;
-  uint32_t mask = 0;
+  // A pass counts the 8 bits from `shift` up; the last one starts at bit 0 and may recount bits
+  // already under `mask`, which every counted key shares. Once the k-th key's bin is taken whole,
+  // the lower bits change nothing and the descent stops.
+  const uint32_t differ = key_max ^ key_min;
+  const int top = differ == 0 ? -1 : 31 - __clz(differ);  // highest differing bit
+  uint32_t mask = top < 0 ? ~0u : ~((2u << top) - 1u);  // every bit when all keys are equal
+  uint32_t prefix = key_max & mask;
   uint32_t need = static_cast<uint32_t>(k);
-  for (int shift = 32 - kRadixBits; shift >= 0; shift -= kRadixBits) {
-    for (int b = tid; b < kRadixBins; b += kSelectThreads) sh.histogram[b] = 0;
-    __syncthreads();
+  for (int shift = max(top - (kRadixBits - 1), 0); top >= 0; shift = max(shift - kRadixBits, 0)) {
     for_each_key([&](uint32_t key) {
       if ((key & mask) == prefix) atomicAdd(&sh.histogram[(key >> shift) & (kRadixBins - 1)], 1u);
     });
@@ -269,42 +301,63 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
       sh.need = need - above;
       sh.in_bin = in_bin;
     }
+    if (tid < kRadixBins) sh.histogram[kRadixBins - 1 - tid] = 0;  // for the next pass
     __syncthreads();
     prefix = sh.prefix;
     need = sh.need;
     mask |= static_cast<uint32_t>(kRadixBins - 1) << shift;
-    if (need == sh.in_bin) break;
+    if (need == sh.in_bin || shift == 0) break;
   }
 
   // Take every key above `prefix` (under `mask`) and the first `need` keys equal to it, in index
-  // order, a tile of kSelectThreads candidates at a time. Returns whether the top k are all out.
-  uint32_t done_above = 0;
-  uint32_t done_ties = 0;
-  const auto take_tile = [&](int32_t j, uint32_t key) {
-    key &= mask;
-    const bool above = j < n && key > prefix;
-    const bool tie = j < n && key == prefix;
-    // Packed (above, tie) counts: a tile's tie count never carries into the high word.
-    const uint64_t flags = (static_cast<uint64_t>(above) << 32) | static_cast<uint64_t>(tie);
+  // order: a chosen key's output position counts the keys above and the ties taken before it.
+  // Its (above, tie) counts are packed in one word: a tie count never carries into the high half.
+  const auto chosen_before = [&](uint64_t flags, uint64_t& total) {
     uint64_t before = 0;
-    uint64_t tile_total = 0;
-    cub::BlockScan<uint64_t, kSelectThreads>(sh.scan.flags).ExclusiveSum(flags, before, tile_total);
-    const uint32_t above_before = done_above + static_cast<uint32_t>(before >> 32);
-    const uint32_t ties_before = done_ties + static_cast<uint32_t>(before & 0xffffffffu);
-    if (above || (tie && ties_before < need)) out[above_before + min(ties_before, need)] = first + j;
-    done_above += static_cast<uint32_t>(tile_total >> 32);
-    done_ties += static_cast<uint32_t>(tile_total & 0xffffffffu);
-    __syncthreads();  // the scan's storage is reused
-    return done_above + min(done_ties, need) == static_cast<uint32_t>(k);  // the same for the block
+    cub::BlockScan<uint64_t, kSelectThreads>(sh.scan.flags).ExclusiveSum(flags, before, total);
+    return before;
   };
   if constexpr (kHeld > 0) {
+    uint64_t flags = 0;
 #pragma unroll
-    for (int i = 0; i < kHeld; ++i)
-      if (i * kSelectThreads < n && take_tile(tid + i * kSelectThreads, held[i])) return;
+    for (int i = 0; i < kHeld; ++i) {
+      const uint32_t key = held[i] & mask;
+      if (tid * kHeld + i < n) flags += key > prefix ? uint64_t{1} << 32 : key == prefix ? 1 : 0;
+    }
+    uint64_t total = 0;
+    const uint64_t before = chosen_before(flags, total);
+    uint32_t above_before = static_cast<uint32_t>(before >> 32);
+    uint32_t ties_before = static_cast<uint32_t>(before & 0xffffffffu);
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i) {
+      const int32_t j = tid * kHeld + i;
+      const uint32_t key = held[i] & mask;
+      if (j >= n) break;
+      if (key > prefix) {
+        out[above_before + min(ties_before, need)] = first + j;
+        ++above_before;
+      } else if (key == prefix) {
+        if (ties_before < need) out[above_before + ties_before] = first + j;
+        ++ties_before;
+      }
+    }
   } else {
+    uint32_t done_above = 0;
+    uint32_t done_ties = 0;
     for (int32_t base = 0; base < n; base += kSelectThreads) {
       const int32_t j = base + tid;
-      if (take_tile(j, j < n ? rank_key(__ldg(scores + j)) : 0)) return;
+      const uint32_t key = j < n ? rank_key(__ldg(scores + j)) & mask : 0;
+      const bool above = j < n && key > prefix;
+      const bool tie = j < n && key == prefix;
+      uint64_t tile_total = 0;
+      const uint64_t before = chosen_before((static_cast<uint64_t>(above) << 32) | tie, tile_total);
+      const uint32_t above_before = done_above + static_cast<uint32_t>(before >> 32);
+      const uint32_t ties_before = done_ties + static_cast<uint32_t>(before & 0xffffffffu);
+      if (above || (tie && ties_before < need)) out[above_before + min(ties_before, need)] = first + j;
+      done_above += static_cast<uint32_t>(tile_total >> 32);
+      done_ties += static_cast<uint32_t>(tile_total & 0xffffffffu);
+      if (done_above + min(done_ties, need) == static_cast<uint32_t>(k)) return;  // the same for the block
+      __syncthreads();  // the scan's storage is reused
     }
   }
 }
