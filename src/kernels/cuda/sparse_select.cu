@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_top_kernel(SelectTopPar
     sh.warp_max[tid / 32] = key_max;
     sh.warp_min[tid / 32] = key_min;
   }
-  for (int b = tid; b < kRadixBins; b += kSelectThreads) sh.histogram[b] = 0;
+  if (tid < kRadixBins) sh.histogram[tid] = 0;  // each pass zeroes it again after reading
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kSelectThreads / 32; ++w) {
