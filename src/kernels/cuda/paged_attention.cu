@@ -39,31 +39,51 @@ constexpr float kLn2 = 0.6931471805599453f;
 // length, never going below an even spread over the grid's splits. The engine sizes max_tokens
 // by a power-of-two context bucket, and sparse lists are far shorter than the context, so an
 // item's own length is what sets how many blocks it should use.
-__host__ __device__ inline int64_t at_least(int64_t v, int64_t floor) { return v > floor ? v : floor; }
+//
+// The blocks and the merge work it out before their first load, so the quotients that hold for
+// the whole launch come from the host, and the kernels divide in 32 bits (I = uint32_t): 64-bit
+// divisions there cost about a microsecond a launch (docs/results/h200/session41/).
+template <typename I>
+__host__ __device__ constexpr I at_least(I v, I floor) {
+  return v > floor ? v : floor;
+}
+template <typename I>
+__host__ __device__ constexpr I ceil_div(I a, I b) {
+  return (a + b - 1) / b;
+}
 
 struct SplitPolicy {
-  int sms = 0;   // multiprocessors
-  int wave = 0;  // resident blocks in one wave
-  int items = 0;
+  int items = 1;       // (request, KV head) items of the launch
+  int one_wave = 1;    // splits per item that fill one wave of resident blocks (at least 1)
+  int four_waves = 1;  // ... four waves
+  int per_sm = 1;      // ... one block per SM
+
+  SplitPolicy() = default;
+  SplitPolicy(int sms, int wave, int num_items)
+      : items(num_items),
+        one_wave(std::max(wave / num_items, 1)),
+        four_waves(std::max(4 * wave / num_items, 1)),
+        per_sm(std::max(sms / num_items, 1)) {}
 
   // Tokens per split when `tokens` are cut into `splits`: a multiple of the quantum, and at most
   // kMaxSplits splits.
-  __host__ __device__ int64_t per_split(int64_t tokens, int64_t splits) const {
-    const int64_t tps = at_least((tokens + splits - 1) / splits, (tokens + kMaxSplits - 1) / kMaxSplits);
-    return at_least((tps + kSplitQuantum - 1) / kSplitQuantum, 1) * kSplitQuantum;
+  template <typename I>
+  __host__ __device__ I per_split(I tokens, I splits) const {
+    const I tps = at_least(ceil_div(tokens, splits), ceil_div(tokens, static_cast<I>(kMaxSplits)));
+    return at_least(ceil_div(tps, static_cast<I>(kSplitQuantum)), I{1}) * kSplitQuantum;
   }
-  __host__ __device__ int64_t split_tokens(int64_t tokens) const {
-    const int64_t one_wave = at_least(wave / items, 1);
+  template <typename I>
+  __host__ __device__ I split_tokens(I tokens) const {
     if (items < 32) {
-      const int64_t full = per_split(tokens, one_wave);
-      return full >= 1024 ? full : per_split(tokens, at_least(sms / items, 1));
+      const I full = per_split(tokens, static_cast<I>(one_wave));
+      return full >= 1024 ? full : per_split(tokens, static_cast<I>(per_sm));
     }
-    const int64_t four_waves = at_least(4 * wave / items, 1);
-    return per_split(tokens, tokens / four_waves < 2048 ? one_wave : four_waves);
+    return per_split(tokens, static_cast<I>(tokens / static_cast<I>(four_waves) < 2048 ? one_wave : four_waves));
   }
   // Tokens per block of an item with n_tok tokens under a grid of num_splits: the policy for the
   // item's own length, but no fewer than an even spread (so it never needs more splits).
-  __host__ __device__ int64_t item_split_tokens(int64_t n_tok, int64_t num_splits) const {
+  template <typename I>
+  __host__ __device__ I item_split_tokens(I n_tok, I num_splits) const {
     return at_least(split_tokens(n_tok), per_split(n_tok, num_splits));
   }
 };
@@ -76,9 +96,12 @@ __host__ __device__ inline I splits_used(I n_tok, I tps, I num_splits) {
   return min(num_splits, max(I{1}, (n_tok + tps - 1) / tps));
 }
 
-// Tokens per block of an item with n_tok tokens: the caller's fixed size, else the policy's.
+// Tokens per block of an item with n_tok tokens (a negative count reads as none): the caller's
+// fixed size, else the policy's.
 __device__ __forceinline__ int split_tokens(int n_tok, int fixed, int num_splits, const SplitPolicy& policy) {
-  return fixed > 0 ? fixed : static_cast<int>(policy.item_split_tokens(n_tok, num_splits));
+  return fixed > 0 ? fixed
+                   : static_cast<int>(policy.item_split_tokens(static_cast<uint32_t>(max(n_tok, 0)),
+                                                               static_cast<uint32_t>(num_splits)));
 }
 
 // Natural-log log-sum-exp from the kernel's log2-domain state: running max m (0 when every score
@@ -605,16 +628,14 @@ Copy load_path(const PagedDecodeParams& p) {
 }
 
 SplitPolicy split_policy(const PagedDecodeParams& p) {
-  SplitPolicy policy;
-  policy.sms = multiprocessor_count();
-  policy.wave = policy.sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  policy.items = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads));
-  return policy;
+  const int sms = multiprocessor_count();
+  const int wave = sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
+  return SplitPolicy(sms, wave, static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads)));
 }
 
 // Splits per item of the grid: max_tokens at the caller's split size, else at the policy's.
 int grid_splits(const PagedDecodeParams& p, const SplitPolicy& policy) {
-  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.split_tokens(p.max_tokens);
+  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.split_tokens<int64_t>(p.max_tokens);
   return static_cast<int>(std::max<int64_t>(1, (p.max_tokens + tps - 1) / tps));
 }
 
@@ -674,7 +695,8 @@ int paged_decode_item_splits(const PagedDecodeParams& p, int n_tok) {
   if (!valid_shape(p) || n_tok < 0) return 1;
   const SplitPolicy policy = split_policy(p);
   const int grid = grid_splits(p, policy);
-  const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.item_split_tokens(n_tok, grid);
+  const int64_t tps =
+      p.tokens_per_split > 0 ? p.tokens_per_split : policy.item_split_tokens<int64_t>(n_tok, grid);
   return static_cast<int>(splits_used<int64_t>(n_tok, tps, grid));
 }
 
