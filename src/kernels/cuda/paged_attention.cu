@@ -630,7 +630,8 @@ Copy load_path(const PagedDecodeParams& p) {
 SplitPolicy split_policy(const PagedDecodeParams& p) {
   const int sms = multiprocessor_count();
   const int wave = sms * std::max(1, p.head_dim == 64 ? blocks_per_sm<64>() : blocks_per_sm<128>());
-  return SplitPolicy(sms, wave, static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads)));
+  const int64_t items = std::max<int64_t>(1, static_cast<int64_t>(p.num_seqs) * p.num_kv_heads);
+  return SplitPolicy(sms, wave, static_cast<int>(items));
 }
 
 // Splits per item of the grid: max_tokens at the caller's split size, else at the policy's.
