@@ -65,6 +65,9 @@ constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs per graph >= 8x th
 FILE* g_csv = nullptr;
 std::string g_only;  // dense, step, retro, products: run only configs containing this (argv[3]; empty: all)
 
+// Whether the config named `name` runs under g_only.
+bool wanted(const std::string& name) { return name.find(g_only) != std::string::npos; }
+
 void emit(const std::string& bench, const std::string& config, const std::string& variant,
           double time_us, double bytes) {
   const double gbps = bytes / (time_us * 1e-6) / 1e9;
@@ -314,7 +317,7 @@ void bench_dense(cudaStream_t stream, std::mt19937& rng) {
       for (int batch : {1, 8, 32}) {
         char config[96];
         std::snprintf(config, sizeof config, "hq%d/hkv8 B%d ctx%dK", group * 8, batch, context / 1024);
-        if (std::string(config).find(g_only) == std::string::npos) continue;
+        if (!wanted(config)) continue;
         ++shapes_run;
         const int items = batch * kv_heads;
         const int pages_per_item = context / page;
@@ -684,7 +687,7 @@ void bench_step(cudaStream_t stream, std::mt19937& rng) {
       const int chunks = P / sc::kSummaryChunkPages;
       char config[64];
       std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
-      if (!g_only.empty() && std::string(config).find(g_only) == std::string::npos) continue;
+      if (!wanted(config)) continue;
 
       // The whole context of every request: device pool (dense attention reads it and Quest
       // indexes it) and the same bytes in the host tier (pinned, mapped), page id p * heads + h
@@ -1115,7 +1118,7 @@ void bench_retro(cudaStream_t stream, std::mt19937&) {
     const int copies = batch == 1 ? 8 : 2;  // each copy: 128 MB of pages and 15 MB of records a request
     char config[64];
     std::snprintf(config, sizeof config, "hq40/hkv8 B%d %dK", batch, context / 1024);
-    if (!g_only.empty() && std::string(config).find(g_only) == std::string::npos) continue;
+    if (!wanted(config)) continue;
     // A copy's pool: group s * pages + p holds page p of request s (every head), then each
     // request's record groups; the directory of request s is record_dir[s * record_groups ..].
     const size_t groups = static_cast<size_t>(batch) * (pages + record_groups);
@@ -1364,7 +1367,7 @@ void bench_products(cudaStream_t stream) {
   spin::GemmRunner on_gemv({}, spin::cuda::kMaxGemvRows), on_cublas({}, 0);
   const std::string gemv_variant = "gemv_rows " + std::to_string(spin::cuda::kMaxGemvRows);
   for (const Product& p : products) {
-    if (!g_only.empty() && std::string(p.name).find(g_only) == std::string::npos) continue;
+    if (!wanted(p.name)) continue;
     const size_t w_elems = static_cast<size_t>(p.out * p.in), w_bytes = 2 * w_elems;
     const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + w_bytes - 1) / w_bytes));
     std::vector<__nv_bfloat16*> w(copies);

@@ -93,7 +93,7 @@ struct SplitPolicy {
 // caller's error) must not read past the workspace. int in the kernels, int64_t on the host.
 template <typename I>
 __host__ __device__ inline I splits_used(I n_tok, I tps, I num_splits) {
-  return min(num_splits, max(I{1}, (n_tok + tps - 1) / tps));
+  return min(num_splits, at_least(ceil_div(n_tok, tps), I{1}));
 }
 
 // Tokens per block of an item with n_tok tokens (a negative count reads as none): the caller's
@@ -637,7 +637,7 @@ SplitPolicy split_policy(const PagedDecodeParams& p) {
 // Splits per item of the grid: max_tokens at the caller's split size, else at the policy's.
 int grid_splits(const PagedDecodeParams& p, const SplitPolicy& policy) {
   const int64_t tps = p.tokens_per_split > 0 ? p.tokens_per_split : policy.split_tokens<int64_t>(p.max_tokens);
-  return static_cast<int>(std::max<int64_t>(1, (p.max_tokens + tps - 1) / tps));
+  return static_cast<int>(at_least(ceil_div<int64_t>(p.max_tokens, tps), int64_t{1}));
 }
 
 // Workspace bytes of a grid with `splits` per item (none with one split).
